@@ -1,0 +1,1 @@
+"""`llds` subcommands: one module per subcommand (see `llds.cli`)."""

@@ -1,0 +1,15 @@
+"""Errors that carry a message meant for the user (the CLI prints it without a traceback)."""
+
+from __future__ import annotations
+
+
+class UserInputError(ValueError):
+    """Bad user input: a file, key, field or value. The message names which one."""
+
+
+class ConfigError(UserInputError):
+    """An invalid configuration key or value; the message names the dotted key."""
+
+
+class DataFormatError(UserInputError):
+    """A data file does not match its expected schema; the message names file, row and field."""
