@@ -1,1 +1,42 @@
-"""llds.algo"""
+"""Pure tensor math for GRPO + LLDS: no I/O, no models. Every function is unit-tested by hand.
+
+The names exported here are the project's stable public API.
+"""
+
+from llds.algo.advantages import group_advantages, group_index
+from llds.algo.kl import kl_penalty
+from llds.algo.llds import (
+    GATES,
+    LLDS_AGGREGATIONS,
+    answer_weight_schedule,
+    llds_gate,
+    llds_loss,
+    preserving_mask,
+)
+from llds.algo.logprobs import token_entropy, token_log_probs, token_log_probs_and_entropy
+from llds.algo.masking import AGGREGATIONS, aggregate, masked_mean, masked_sum
+from llds.algo.policy_loss import policy_loss
+from llds.algo.segments import action_segments, broadcast_segments, segment_sums
+
+__all__ = [
+    "AGGREGATIONS",
+    "GATES",
+    "LLDS_AGGREGATIONS",
+    "action_segments",
+    "aggregate",
+    "answer_weight_schedule",
+    "broadcast_segments",
+    "group_advantages",
+    "group_index",
+    "kl_penalty",
+    "llds_gate",
+    "llds_loss",
+    "masked_mean",
+    "masked_sum",
+    "policy_loss",
+    "preserving_mask",
+    "segment_sums",
+    "token_entropy",
+    "token_log_probs",
+    "token_log_probs_and_entropy",
+]
