@@ -1,1 +1,1 @@
-"""llds.diagnostics"""
+"""LLD diagnostics: likelihood and displacement metrics, phase detection, alarms, reports."""

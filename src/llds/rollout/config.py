@@ -1,0 +1,46 @@
+"""Rollout settings: how one multi-turn episode is generated."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class RolloutConfig:
+    """Search-R1's reference values are the defaults where the paper gives them.
+
+    `max_turns` is the number of searches executed; a rollout still running after that gets one
+    last turn in which a search is not executed. `temperature=0` means greedy decoding.
+    """
+
+    group_size: int = 5
+    max_turns: int = 3
+    max_turn_tokens: int = 500
+    max_obs_tokens: int = 500
+    max_total_tokens: int = 4096
+    topk: int = 3
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    kv_reuse: bool = True
+    max_rows: int = 64
+    """rows generated concurrently (bounds memory; more rows per forward is faster)"""
+
+    def validate(self) -> None:
+        from llds.errors import ConfigError
+
+        checks = {
+            "group_size": self.group_size >= 1,
+            "max_turns": self.max_turns >= 0,
+            "max_turn_tokens": self.max_turn_tokens >= 1,
+            "max_obs_tokens": self.max_obs_tokens >= 1,
+            "max_total_tokens": self.max_total_tokens >= 8,
+            "topk": self.topk >= 1,
+            "temperature": self.temperature >= 0,
+            "top_p": 0 < self.top_p <= 1,
+            "top_k": self.top_k >= 0,
+            "max_rows": self.max_rows >= 1,
+        }
+        for key, ok in checks.items():
+            if not ok:
+                raise ConfigError(f"rollout.{key}: invalid value {getattr(self, key)!r}")

@@ -1,0 +1,278 @@
+"""Batched multi-turn rollouts of a Hugging Face causal LM against a search environment.
+
+All live episodes of a chunk decode together. A turn ends per row at the first closing
+`</search>` / `</answer>`, an end-of-sequence token, or the per-turn cap; all searches of the
+turn go to the retriever in one call; observations are appended as tokens; finished rows drop
+out of the batch. With `kv_reuse` the key/value cache survives across turns, so each turn only
+prefills the new observation tokens instead of the whole context again.
+
+The ids the model sampled are kept verbatim: nothing is decoded and re-tokenized.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from llds.env.actions import parse_action
+from llds.env.observation import information_block, invalid_action_message
+from llds.env.rewards import FormatRewardConfig, compute_reward
+from llds.retrieval.base import Retriever
+from llds.rollout.batch import Episode, RolloutBatch
+from llds.rollout.config import RolloutConfig
+from llds.rollout.sampling import sample_next_token
+from llds.rollout.spans import mark_answer_span
+from llds.rollout.stopping import StopChecker, eos_token_ids
+
+
+@dataclass(frozen=True)
+class RolloutRequest:
+    """One episode to generate: a tokenized prompt and the answers that score it."""
+
+    prompt_ids: list[int]
+    example_id: str
+    group_id: str
+    golds: tuple[str, ...]
+
+
+class RolloutEngine:
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        retriever: Retriever,
+        config: RolloutConfig,
+        *,
+        format_reward: FormatRewardConfig | None = None,
+    ) -> None:
+        config.validate()
+        self.model = model
+        self.tokenizer = tokenizer
+        self.retriever = retriever
+        self.config = config
+        self.format_reward = format_reward
+        self.stop = StopChecker(tokenizer)
+        self.eos_ids = eos_token_ids(model, tokenizer)
+        pad = tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else next(iter(self.eos_ids), 0)
+        self.stats = {"prefill_tokens": 0, "decode_tokens": 0, "forward_calls": 0}
+
+    # ------------------------------------------------------------------ public
+    @torch.no_grad()
+    def generate(
+        self, requests: Sequence[RolloutRequest], *, generator: torch.Generator | None = None
+    ) -> RolloutBatch:
+        """Run every request to the end and return the padded batch (same order as requests)."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            episodes: list[Episode] = []
+            step = self.config.max_rows
+            for s in range(0, len(requests), step):
+                episodes.extend(self._run_chunk(list(requests[s : s + step]), generator))
+        finally:
+            self.model.train(was_training)
+        return RolloutBatch.from_episodes(episodes, self.pad_id)
+
+    # ------------------------------------------------------------------ internals
+    def _device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def _forward(self, feed: list[list[int]], cache, cache_mask: Tensor | None):
+        """Left-pad `feed` rows, run them after `cache`, return last-position logits."""
+        device = self._device()
+        width = max(len(f) for f in feed)
+        ids = torch.full((len(feed), width), self.pad_id, dtype=torch.long, device=device)
+        mask = torch.zeros((len(feed), width), dtype=torch.long, device=device)
+        for i, f in enumerate(feed):
+            if f:
+                ids[i, width - len(f) :] = torch.tensor(f, dtype=torch.long, device=device)
+                mask[i, width - len(f) :] = 1
+        full_mask = mask if cache_mask is None else torch.cat([cache_mask, mask], dim=1)
+        positions = (full_mask.cumsum(-1) - 1).clamp(min=0)[:, -width:]
+        out = self.model(
+            input_ids=ids,
+            attention_mask=full_mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        self.stats["forward_calls"] += 1
+        return out.logits[:, -1, :], out.past_key_values, full_mask
+
+    def _run_chunk(
+        self, requests: list[RolloutRequest], generator: torch.Generator | None
+    ) -> list[Episode]:
+        cfg = self.config
+        eps = [
+            Episode(
+                prompt_ids=list(r.prompt_ids),
+                example_id=r.example_id,
+                group_id=r.group_id,
+                golds=tuple(r.golds),
+            )
+            for r in requests
+        ]
+        live = list(range(len(eps)))  # episode index of each batch row
+        pending: list[list[int]] = [list(e.prompt_ids) for e in eps]  # not yet in the cache
+        cache, cache_mask = None, None
+
+        for turn in range(cfg.max_turns + 1):
+            final_turn = turn == cfg.max_turns
+            if not cfg.kv_reuse:  # re-prefill the whole context every turn (the baseline)
+                cache, cache_mask = None, None
+                pending = [eps[i].prompt_ids + eps[i].response_ids for i in live]
+            budgets = [
+                min(
+                    cfg.max_turn_tokens,
+                    cfg.max_total_tokens - len(eps[i].prompt_ids) - len(eps[i].response_ids),
+                )
+                for i in live
+            ]
+            self.stats["prefill_tokens"] += sum(len(p) for p in pending)
+            logits, cache, cache_mask = self._forward(pending, cache, cache_mask)
+            turn_ids: list[list[int]] = [[] for _ in live]
+            active = [b > 0 for b in budgets]
+            ended_by_eos = [False] * len(live)
+            while any(active):
+                # rows that already stopped may hold garbage logits: never let them reach sampling
+                logits = torch.where(
+                    torch.tensor(active, device=logits.device).unsqueeze(1), logits, 0.0
+                )
+                tokens = sample_next_token(
+                    logits,
+                    temperature=cfg.temperature,
+                    top_k=cfg.top_k,
+                    top_p=cfg.top_p,
+                    generator=generator,
+                ).tolist()
+                feed: list[int | None] = []
+                for row, tok in enumerate(tokens):
+                    if not active[row]:
+                        feed.append(None)
+                        continue
+                    turn_ids[row].append(tok)
+                    if tok in self.eos_ids:
+                        ended_by_eos[row] = True
+                        active[row] = False
+                    elif self.stop.hit_stop_string(turn_ids[row]) or (
+                        len(turn_ids[row]) >= budgets[row]
+                    ):
+                        active[row] = False
+                    # a row's last token of the turn is not fed now: it leads the next prefill
+                    feed.append(tok if active[row] else None)
+                if any(active):
+                    self.stats["decode_tokens"] += sum(f is not None for f in feed)
+                    logits, cache, cache_mask = self._decode_step(feed, cache, cache_mask)
+            pending = [[ids[-1]] if ids else [] for ids in turn_ids]
+
+            queries: list[tuple[int, str]] = []
+            keep: list[int] = []
+            next_pending: list[list[int]] = []
+            for row, ep_index in enumerate(live):
+                ep = eps[ep_index]
+                ids = turn_ids[row]
+                ep.append(ids, action=True)
+                text = self.tokenizer.decode(ids, skip_special_tokens=False)
+                ep.action_texts.append(text)
+                ep.num_turns += 1
+                room = cfg.max_total_tokens - len(ep.prompt_ids) - len(ep.response_ids)
+                if ended_by_eos[row]:
+                    action = parse_action(text)
+                    ep.stop_reason = "answer" if action.kind == "answer" else "eos"
+                    continue
+                action = parse_action(text)
+                if action.kind == "answer":
+                    ep.stop_reason = "answer"
+                    continue
+                if final_turn or room <= 0 or not ids:
+                    ep.stop_reason = "context_limit" if room <= 0 else "turn_limit"
+                    continue
+                keep.append(row)
+                if action.kind == "search":
+                    queries.append((row, action.content))
+                    next_pending.append(None)  # filled after the retriever call
+                else:
+                    ep.num_invalid += 1
+                    next_pending.append(self._observation(ep, invalid_action_message(), room))
+
+            if queries:
+                results = self.retriever.search([q for _, q in queries], cfg.topk)
+                by_row = {row: (q, hits) for (row, q), hits in zip(queries, results, strict=True)}
+                for j, row in enumerate(keep):
+                    if row in by_row:
+                        ep = eps[live[row]]
+                        q, hits = by_row[row]
+                        ep.num_valid_searches += 1
+                        ep.queries.append(q)
+                        ep.retrieved_ids.append([h.id for h in hits])
+                        ep.retrieved_texts.extend(h.contents for h in hits)
+                        room = cfg.max_total_tokens - len(ep.prompt_ids) - len(ep.response_ids)
+                        block = information_block(
+                            hits, tokenizer=self.tokenizer, max_tokens=cfg.max_obs_tokens
+                        )
+                        next_pending[j] = self._observation(ep, block, room)
+
+            if not keep:
+                live = []
+                break
+            # rows that go on: unfed stop token + observation; drop finished rows from the cache
+            pending = [pending[row] + obs for row, obs in zip(keep, next_pending, strict=True)]
+            if cache is not None and len(keep) < len(live):
+                cache.batch_select_indices(torch.tensor(keep, device=cache_mask.device))
+                cache_mask = cache_mask[keep]
+            live = [live[row] for row in keep]
+
+        for ep in eps:
+            self._finish(ep)
+        return eps
+
+    def _decode_step(self, feed: list[int | None], cache, cache_mask: Tensor):
+        """Feed one token per row; rows that stopped get a masked pad so shapes stay aligned."""
+        device = self._device()
+        ids = torch.tensor([[self.pad_id if f is None else f] for f in feed], device=device)
+        new_mask = torch.tensor([[0 if f is None else 1] for f in feed], device=device)
+        full_mask = torch.cat([cache_mask, new_mask], dim=1)
+        positions = (full_mask.cumsum(-1) - 1).clamp(min=0)[:, -1:]
+        out = self.model(
+            input_ids=ids,
+            attention_mask=full_mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        self.stats["forward_calls"] += 1
+        return out.logits[:, -1, :], out.past_key_values, full_mask
+
+    def _observation(self, ep: Episode, text: str, room: int) -> list[int]:
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"][: max(room, 0)]
+        ep.append(ids, action=False)
+        return ids
+
+    def _finish(self, ep: Episode) -> None:
+        actions_text = "".join(ep.action_texts)
+        ep.response_text = self.tokenizer.decode(ep.response_ids, skip_special_tokens=False)
+        result = compute_reward(
+            actions_text,
+            ep.golds,
+            format_config=self.format_reward,
+            retrieved_texts=ep.retrieved_texts,
+        )
+        if self.format_reward is not None and self.format_reward.enabled:
+            # the tag-sequence check needs the observations too: score the whole response
+            result = compute_reward(
+                ep.response_text,
+                ep.golds,
+                format_config=self.format_reward,
+                retrieved_texts=ep.retrieved_texts,
+            )
+        ep.answer = result.answer
+        ep.reward, ep.em, ep.f1, ep.sub_em = result.reward, result.em, result.f1, result.sub_em
+        ep.valid_format = result.valid_format
+        if ep.stop_reason == "answer":
+            mark_answer_span(ep, self.tokenizer)

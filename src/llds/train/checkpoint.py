@@ -1,0 +1,99 @@
+"""Atomic checkpoints: a run killed at any instant resumes from the last complete one.
+
+A checkpoint is a directory written under a temporary name and renamed into place; `latest`
+(a one-line file, itself replaced atomically) names the newest complete checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from llds.io import atomic_write
+
+LATEST = "latest"
+
+
+def rng_state() -> dict[str, Any]:
+    state = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(
+    ckpt_root: Path,
+    step: int,
+    *,
+    model,
+    tokenizer,
+    optimizer: torch.optim.Optimizer,
+    scheduler,
+    trainer_state: dict[str, Any],
+    keep: int = 2,
+) -> Path:
+    """Write `ckpt_root/step_XXXXXX` atomically, point `latest` at it, prune old ones."""
+    ckpt_root.mkdir(parents=True, exist_ok=True)
+    final = ckpt_root / f"step_{step:06d}"
+    tmp = ckpt_root / f".tmp_step_{step:06d}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    model.save_pretrained(tmp / "model", safe_serialization=True)
+    tokenizer.save_pretrained(tmp / "model")
+    torch.save(
+        {
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "rng": rng_state(),
+        },
+        tmp / "optim.pt",
+    )
+    (tmp / "trainer_state.json").write_text(json.dumps(trainer_state, indent=2), encoding="utf-8")
+    if final.exists():
+        shutil.rmtree(final)
+    tmp.rename(final)
+    with atomic_write(ckpt_root / LATEST, "w", encoding="utf-8") as f:
+        f.write(final.name + "\n")
+    _prune(ckpt_root, keep, protect=final.name)
+    return final
+
+
+def _prune(ckpt_root: Path, keep: int, protect: str) -> None:
+    done = sorted(p for p in ckpt_root.glob("step_*") if p.is_dir())
+    for old in done[: max(0, len(done) - keep)]:
+        if old.name != protect:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def latest_checkpoint(ckpt_root: Path) -> Path | None:
+    pointer = ckpt_root / LATEST
+    if not pointer.is_file():
+        return None
+    path = ckpt_root / pointer.read_text(encoding="utf-8").strip()
+    return path if (path / "trainer_state.json").is_file() else None
+
+
+def load_training_state(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`(trainer_state, {optimizer, scheduler, rng})` of a checkpoint directory."""
+    state = json.loads((path / "trainer_state.json").read_text(encoding="utf-8"))
+    blobs = torch.load(path / "optim.pt", map_location="cpu", weights_only=False)
+    return state, blobs

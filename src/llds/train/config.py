@@ -1,0 +1,182 @@
+"""The training configuration: one dataclass per concern, loaded from YAML with overrides."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from llds.algo.llds import GATES, LLDS_AGGREGATIONS
+from llds.algo.masking import AGGREGATIONS
+from llds.errors import ConfigError
+from llds.rollout.config import RolloutConfig
+from llds.train.configio import deep_merge, from_dict, parse_overrides, read_yaml
+
+
+@dataclass
+class ModelConfig:
+    path: str = ""
+    """HF model directory or hub id (resolved from the local cache), or `smollm2` (the packaged
+    SmolLM2-135M-Instruct)."""
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
+    device: str = "auto"
+    chat: bool | None = None
+    """apply the tokenizer's chat template to prompts; null = when it has one"""
+    gradient_checkpointing: bool = False
+
+
+@dataclass
+class DataConfig:
+    train: str = ""
+    """train questions: .parquet (Search-R1), .jsonl (FlashRAG), or `trivia:list1,list2`"""
+    eval: str = ""
+    prompt_template: str | None = None
+    """a template file or inline text containing {question}; null = the default instruction"""
+    train_limit: int | None = None
+    eval_limit: int | None = None
+
+
+@dataclass
+class RetrieverConfig:
+    source: str = ""
+    """a corpus .jsonl (BM25 built on the fly), an index directory, or an http(s):// URL"""
+    topk: int = 3
+
+
+@dataclass
+class LLDSConfig:
+    enabled: bool = True
+    coef: float = 0.2
+    gate: str = "action"
+    aggregation: str = "seq-mean-token-mean"
+    mask_answer: bool = False
+    """LLDS-MA: weight the final answer span by beta"""
+    answer_weight: float | None = None
+    """fixed beta for LLDS-MA; null = the paper's schedule min(V / baseline, 1)"""
+    answer_baseline: float = 2.0
+
+
+@dataclass
+class AlgoConfig:
+    normalize_std: bool = True
+    clip_low: float = 0.2
+    clip_high: float | None = None
+    ratio_type: Literal["token", "sequence"] = "token"
+    dual_clip: float | None = None
+    aggregation: str = "token-mean"
+    kl_coef: float = 0.001
+    kl_kind: Literal["k1", "k2", "k3", "low_var_kl", "abs"] = "low_var_kl"
+    entropy_coef: float = 0.0
+    llds: LLDSConfig = field(default_factory=LLDSConfig)
+    format_reward: bool = False
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-6
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    warmup_steps: int = 0
+    schedule: Literal["constant", "cosine", "linear"] = "constant"
+    grad_clip: float = 1.0
+    mini_batches: int = 1
+    """optimizer steps per rollout batch (per epoch); LLDS acts from the second on"""
+    epochs: int = 1
+    micro_batch_tokens: int = 16384
+    """token budget of one forward+backward (rows x padded length)"""
+    max_nonfinite_in_a_row: int = 3
+
+
+@dataclass
+class LoggingConfig:
+    tensorboard: bool = True
+    wandb: bool = False
+    wandb_project: str = "llds"
+    progress: bool = True
+
+
+@dataclass
+class DiagnosticsConfig:
+    enabled: bool = True
+    sample_fraction: float = 1.0
+    """share of the rollout batch re-scored after the update for displacement metrics"""
+    alarms: bool = True
+    on_alarm: Literal["warn", "stop", "rollback"] = "warn"
+    rollback_llds_coef: float = 0.2
+
+
+@dataclass
+class TrainConfig:
+    run_dir: str = "runs/default"
+    seed: int = 0
+    steps: int = 100
+    prompts_per_step: int = 8
+    save_every: int = 10
+    keep_checkpoints: int = 2
+    eval_every: int = 0
+    eval_max_turns: int = 4
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    retriever: RetrieverConfig = field(default_factory=RetrieverConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
+
+    def validate(self) -> None:
+        """Cross-field checks the types alone cannot express."""
+
+        def bad(key: str, why: str) -> ConfigError:
+            return ConfigError(f"{key}: {why}")
+
+        if not self.model.path:
+            raise bad("model.path", "required (an HF model directory, hub id, or smollm2)")
+        if not self.data.train:
+            raise bad("data.train", "required (a .parquet, .jsonl, or trivia:LIST spec)")
+        if not self.retriever.source:
+            raise bad("retriever.source", "required (corpus .jsonl, index directory, or URL)")
+        for key, val in (
+            ("steps", self.steps),
+            ("prompts_per_step", self.prompts_per_step),
+            ("save_every", self.save_every),
+        ):
+            if val < 1:
+                raise bad(key, f"must be >= 1, got {val}")
+        if self.algo.aggregation not in AGGREGATIONS:
+            raise bad("algo.aggregation", f"must be one of {list(AGGREGATIONS)}")
+        if self.algo.llds.gate not in GATES:
+            raise bad("algo.llds.gate", f"must be one of {list(GATES)}")
+        if self.algo.llds.aggregation not in LLDS_AGGREGATIONS:
+            raise bad("algo.llds.aggregation", f"must be one of {list(LLDS_AGGREGATIONS)}")
+        if self.algo.llds.coef < 0:
+            raise bad("algo.llds.coef", "must be >= 0")
+        if self.optim.mini_batches < 1 or self.optim.epochs < 1:
+            raise bad("optim.mini_batches", "mini_batches and epochs must be >= 1")
+        rows = self.prompts_per_step * self.rollout.group_size
+        if self.optim.mini_batches > rows:
+            raise bad("optim.mini_batches", f"{self.optim.mini_batches} > {rows} rollouts per step")
+        if not 0 < self.diagnostics.sample_fraction <= 1:
+            raise bad("diagnostics.sample_fraction", "must be in (0, 1]")
+        try:
+            self.rollout.validate()
+        except ConfigError:
+            raise
+        if self.optim.lr <= 0:
+            raise bad("optim.lr", "must be > 0")
+
+    @property
+    def llds_can_act(self) -> bool:
+        """LLDS sees d != 0 only from the second optimizer step on each rollout batch."""
+        return self.optim.mini_batches * self.optim.epochs > 1
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
+    """Read YAML (optional), apply `key=value` overrides, build and validate the config."""
+    data: dict[str, Any] = read_yaml(path) if path else {}
+    if overrides:
+        data = deep_merge(data, parse_overrides(overrides))
+    cfg = from_dict(TrainConfig, data)
+    cfg.validate()
+    return cfg

@@ -1,0 +1,85 @@
+"""Per-token log-probs (and entropy) of the response tokens of a rollout (sub-)batch."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from llds.algo.logprobs import token_log_probs_and_entropy
+from llds.rollout.batch import RolloutBatch
+
+
+def response_log_probs(
+    model,
+    batch: RolloutBatch,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """`log pi(y_t | context)` for every response column, `[B, R]` float32.
+
+    Only the response columns go through the LM head (`logits_to_keep`): prompts are often
+    longer than responses and their logits are never used.
+    """
+    r = batch.response_len
+    device = next(model.parameters()).device
+    ids = batch.input_ids.to(device)
+    mask = batch.attention_mask.to(device)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    out = model(
+        input_ids=ids,
+        attention_mask=mask,
+        position_ids=positions,
+        use_cache=False,
+        logits_to_keep=r + 1,
+    )
+    logits = out.logits[:, :-1, :]  # position P-1+t predicts response token t
+    labels = ids[:, batch.prompt_len :]
+    t = temperature if temperature > 0 else 1.0
+    return token_log_probs_and_entropy(logits, labels, temperature=t, with_entropy=with_entropy)
+
+
+def plan_micro_batches(batch: RolloutBatch, rows: list[int], token_budget: int) -> list[list[int]]:
+    """Group `rows` so that rows x padded length stays under `token_budget` per micro-batch.
+
+    Rows are sorted by length so that similar lengths share a micro-batch (little padding); the
+    order is deterministic so a resumed run groups rows exactly as the original did.
+    """
+    lengths = batch.attention_mask.sum(-1).tolist()
+    ordered = sorted(rows, key=lambda i: (-lengths[i], i))
+    groups: list[list[int]] = []
+    current: list[int] = []
+    width = 0
+    for i in ordered:
+        w = max(width, lengths[i])
+        if current and w * (len(current) + 1) > token_budget:
+            groups.append(current)
+            current, w = [], lengths[i]
+        current.append(i)
+        width = w
+    if current:
+        groups.append(current)
+    return groups
+
+
+@torch.no_grad()
+def batched_log_probs(
+    model,
+    batch: RolloutBatch,
+    token_budget: int,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """`response_log_probs` over the whole batch in micro-batches, no gradient."""
+    b, r = len(batch), batch.response_len
+    logp = torch.zeros(b, r)
+    ent = torch.zeros(b, r) if with_entropy else None
+    for rows in plan_micro_batches(batch, list(range(b)), token_budget):
+        sub = batch.select(rows)
+        lp, en = response_log_probs(model, sub, temperature=temperature, with_entropy=with_entropy)
+        width = sub.response_len
+        logp[rows, :width] = lp.float().cpu()
+        if ent is not None and en is not None:
+            ent[rows, :width] = en.float().cpu()
+    return logp, ent

@@ -1,0 +1,76 @@
+"""Turning a config into live objects: device, policy, reference policy, data, retriever."""
+
+from __future__ import annotations
+
+import copy
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from llds.data.example import QAExample
+from llds.train.config import ModelConfig
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def load_model(cfg: ModelConfig, path: str | None = None) -> tuple[Any, Any]:
+    """(model, tokenizer) from `path` (a checkpoint) or the configured model."""
+    from llds.models.hf import load_policy
+
+    source = path or cfg.path
+    device = str(resolve_device(cfg.device))
+    if source == "smollm2":
+        from llds.models.smollm2 import load_smollm2
+
+        model, tok = load_smollm2(dtype=cfg.dtype, device=device)
+    else:
+        model, tok = load_policy(source, dtype=cfg.dtype, device=device)
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+        model.config.use_cache = True  # generation still uses the cache
+    return model, tok
+
+
+def frozen_copy(model) -> Any:
+    """A reference policy: same weights, no gradients, eval mode."""
+    ref = copy.deepcopy(model)
+    ref.eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref
+
+
+class PromptStream:
+    """An endless, seeded stream of training examples: a fresh permutation every epoch.
+
+    Position `p` of the stream is a pure function of (seed, p), so a resumed run draws exactly
+    the questions the uninterrupted run would have drawn.
+    """
+
+    def __init__(self, examples: Sequence[QAExample], seed: int) -> None:
+        if not examples:
+            raise ValueError("no training examples")
+        self.examples = list(examples)
+        self.seed = seed
+        self._epoch = -1
+        self._order: list[int] = []
+
+    def _order_for(self, epoch: int) -> list[int]:
+        if epoch != self._epoch:
+            order = list(range(len(self.examples)))
+            random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+            self._epoch, self._order = epoch, order
+        return self._order
+
+    def take(self, start: int, count: int) -> list[QAExample]:
+        n = len(self.examples)
+        out = []
+        for pos in range(start, start + count):
+            out.append(self.examples[self._order_for(pos // n)[pos % n]])
+        return out

@@ -1,0 +1,508 @@
+"""The GRPO (+LLDS) training loop for search agents.
+
+One step: sample a rollout batch (G rollouts per question, multi-turn, with search) -> reward ->
+group advantages -> old log-probs recomputed by the trainer -> reference log-probs (KL) ->
+`mini_batches x epochs` optimizer steps on policy loss + KL + entropy bonus + LLDS -> LLD
+diagnostics -> metrics -> periodic atomic checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from llds.algo import (
+    aggregate,
+    answer_weight_schedule,
+    group_advantages,
+    kl_penalty,
+    llds_loss,
+    masked_mean,
+    policy_loss,
+    preserving_mask,
+)
+from llds.data.example import QAExample
+from llds.diagnostics.likelihood import (
+    displacement_metrics,
+    likelihood_metrics,
+    shared_first_search_share,
+)
+from llds.env.prompts import PromptTemplate, build_prompt_ids
+from llds.env.rewards import FormatRewardConfig
+from llds.errors import UserInputError
+from llds.rollout import RolloutBatch, RolloutEngine, RolloutRequest
+from llds.train.checkpoint import (
+    latest_checkpoint,
+    load_training_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from llds.train.config import TrainConfig
+from llds.train.configio import to_dict
+from llds.train.forward import batched_log_probs, plan_micro_batches, response_log_probs
+from llds.train.setup import PromptStream, frozen_copy, load_model
+from llds.train.tracking import MetricsLogger
+
+log = logging.getLogger("llds.train")
+
+
+class NonFiniteError(RuntimeError):
+    """Too many non-finite losses or gradients in a row: the run stops instead of diverging."""
+
+
+def lr_lambda(schedule: str, warmup: int, total: int):
+    def f(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        if schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        if schedule == "linear":
+            return 1.0 - progress
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return f
+
+
+class GRPOTrainer:
+    """Trains `model` with GRPO + LLDS. Pass live objects to bypass loading (Python API, tests)."""
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        *,
+        model=None,
+        tokenizer=None,
+        retriever=None,
+        train_examples: Sequence[QAExample] | None = None,
+        resume: bool = True,
+    ) -> None:
+        self.cfg = cfg
+        self.run_dir = Path(cfg.run_dir)
+        self.ckpt_root = self.run_dir / "checkpoints"
+        torch.manual_seed(cfg.seed)
+        ckpt = latest_checkpoint(self.ckpt_root) if resume else None
+
+        if model is None or tokenizer is None:
+            model, tokenizer = load_model(cfg.model)
+        self.ref_model = frozen_copy(model) if cfg.algo.kl_coef > 0 else None
+        if ckpt is not None:
+            model, tokenizer = load_model(cfg.model, path=str(ckpt / "model"))
+        self.model, self.tokenizer = model, tokenizer
+        self.model.train()
+
+        if retriever is None:
+            from llds.retrieval import open_retriever
+
+            retriever = open_retriever(cfg.retriever.source)
+        self.retriever = retriever
+        if train_examples is None:
+            from llds.data.loaders import load_examples
+
+            train_examples = load_examples(cfg.data.train, limit=cfg.data.train_limit)
+        self.stream = PromptStream(train_examples, cfg.seed)
+        self.template = (
+            PromptTemplate.default()
+            if cfg.data.prompt_template is None
+            else _template_from(cfg.data.prompt_template)
+        )
+        self._prompt_cache: dict[str, list[int]] = {}
+
+        fmt = FormatRewardConfig(enabled=True) if cfg.algo.format_reward else None
+        rollout_cfg = cfg.rollout
+        rollout_cfg.topk = cfg.retriever.topk
+        self.engine = RolloutEngine(model, tokenizer, retriever, rollout_cfg, format_reward=fmt)
+
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            params,
+            lr=cfg.optim.lr,
+            betas=tuple(cfg.optim.betas),
+            eps=cfg.optim.eps,
+            weight_decay=cfg.optim.weight_decay,
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_lambda(cfg.optim.schedule, cfg.optim.warmup_steps, cfg.steps)
+        )
+        self.step = 0
+        self.nonfinite_in_a_row = 0
+        self.skipped_updates = 0
+        if ckpt is not None:
+            state, blobs = load_training_state(ckpt)
+            self.optimizer.load_state_dict(blobs["optimizer"])
+            self.scheduler.load_state_dict(blobs["scheduler"])
+            set_rng_state(blobs["rng"])
+            self.step = int(state["step"])
+            self.nonfinite_in_a_row = int(state.get("nonfinite_in_a_row", 0))
+            self.skipped_updates = int(state.get("skipped_updates", 0))
+            log.info("resumed from %s at step %d", ckpt, self.step)
+
+        if cfg.algo.llds.enabled and cfg.algo.llds.coef > 0 and not cfg.llds_can_act:
+            log.warning(
+                "LLDS is enabled but optim.mini_batches x optim.epochs = 1: the policy never "
+                "moves away from pi_old before its only update, so d = 0 and LLDS can never act. "
+                "Use optim.mini_batches > 1 (the paper takes 10 optimizer steps per rollout batch)."
+            )
+        self.logger: MetricsLogger | None = None
+
+    # ------------------------------------------------------------------ loop
+    def train(
+        self, steps: int | None = None, *, progress: bool | None = None
+    ) -> list[dict[str, Any]]:
+        """Run until `cfg.steps` (or `steps` more); returns this call's metric rows."""
+        cfg = self.cfg
+        target = cfg.steps if steps is None else self.step + steps
+        show = cfg.logging.progress if progress is None else progress
+        self.logger = MetricsLogger(
+            self.run_dir,
+            tensorboard=cfg.logging.tensorboard,
+            wandb=cfg.logging.wandb,
+            wandb_project=cfg.logging.wandb_project,
+            resume_step=self.step,
+            config=to_dict(cfg),
+        )
+        rows: list[dict[str, Any]] = []
+        try:
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+            )
+
+            with Progress(
+                TextColumn("[bold]train"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("{task.description}"),
+                disable=not show,
+                transient=False,
+            ) as bar:
+                task = bar.add_task("", total=target, completed=self.step)
+                while self.step < target:
+                    metrics = self.train_step()
+                    rows.append(metrics)
+                    bar.update(task, completed=self.step, description=_summary(metrics))
+        finally:
+            self.logger.close()
+        return rows
+
+    def train_step(self) -> dict[str, Any]:
+        cfg = self.cfg
+        k = self.step
+        t0 = time.perf_counter()
+        examples = self.stream.take(k * cfg.prompts_per_step, cfg.prompts_per_step)
+        requests = [
+            RolloutRequest(self._prompt_ids(ex), ex.id, f"{ex.id}@{k}:{j}", ex.answers)
+            for j, ex in enumerate(examples)
+            for _ in range(cfg.rollout.group_size)
+        ]
+        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + k)
+        batch = self.engine.generate(requests, generator=gen)
+        t_rollout = time.perf_counter() - t0
+
+        adv = group_advantages(batch.rewards, batch.group_ids, normalize_std=cfg.algo.normalize_std)
+        t1 = time.perf_counter()
+        temp = cfg.rollout.temperature
+        budget = cfg.optim.micro_batch_tokens
+        self.model.eval()
+        old_logp, entropy = batched_log_probs(
+            self.model, batch, budget, temperature=temp, with_entropy=True
+        )
+        t_old = time.perf_counter() - t1
+        ref_logp = None
+        t2 = time.perf_counter()
+        if self.ref_model is not None:
+            ref_logp, _ = batched_log_probs(self.ref_model, batch, budget, temperature=temp)
+        t_ref = time.perf_counter() - t2
+
+        t3 = time.perf_counter()
+        self.model.train()
+        update_stats = self._update(batch, adv, old_logp, ref_logp, k)
+        t_update = time.perf_counter() - t3
+        self.scheduler.step()
+
+        t4 = time.perf_counter()
+        metrics = self._rollout_metrics(batch, adv, old_logp, entropy)
+        metrics.update(update_stats)
+        if cfg.diagnostics.enabled:
+            metrics.update(self._displacement(batch, old_logp, k))
+        t_diag = time.perf_counter() - t4
+        model_tokens = int(batch.loss_mask.sum())
+        metrics.update(
+            {
+                "time/rollout": t_rollout,
+                "time/old_logprob": t_old,
+                "time/ref_logprob": t_ref,
+                "time/update": t_update,
+                "time/diagnostics": t_diag,
+                "time/step": time.perf_counter() - t0,
+                "throughput/rollout_tokens_per_s": model_tokens / max(t_rollout, 1e-9),
+                "lr": self.scheduler.get_last_lr()[0],
+            }
+        )
+        self.step += 1
+        assert self.logger is not None
+        self.logger.log(self.step, metrics)
+        if self.step % cfg.save_every == 0 or self.step == cfg.steps:
+            self.save()
+        return {"step": self.step, **metrics}
+
+    # ------------------------------------------------------------------ pieces
+    def _prompt_ids(self, ex: QAExample) -> list[int]:
+        ids = self._prompt_cache.get(ex.id)
+        if ids is None:
+            ids = build_prompt_ids(
+                self.tokenizer, ex.question, self.template, chat=self.cfg.model.chat
+            )
+            self._prompt_cache[ex.id] = ids
+        return ids
+
+    def _answer_weight(self, batch: RolloutBatch) -> float:
+        lc = self.cfg.algo.llds
+        if lc.answer_weight is not None:
+            return lc.answer_weight
+        v = sum(e.num_valid_searches for e in batch.episodes) / max(1, len(batch))
+        return answer_weight_schedule(v, lc.answer_baseline)
+
+    def _update(self, batch: RolloutBatch, adv, old_logp, ref_logp, k: int) -> dict[str, float]:
+        cfg, algo, lc = self.cfg, self.cfg.algo, self.cfg.algo.llds
+        use_llds = lc.enabled and lc.coef > 0
+        beta = self._answer_weight(batch) if (use_llds and lc.mask_answer) else 1.0
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        b = len(batch)
+        gen = torch.Generator().manual_seed(cfg.seed * 7_919 + k)
+        acc: Counter[str] = Counter()
+        maxes: dict[str, float] = {}
+        mins: dict[str, float] = {}
+        grad_norms: list[float] = []
+        n_updates = 0
+        for _ in range(cfg.optim.epochs):
+            order = torch.randperm(b, generator=gen).tolist()
+            for mb in _split(order, cfg.optim.mini_batches):
+                lm = batch.loss_mask[mb]
+                n_tok = lm.sum().clamp(min=1)
+                n_seq = lm.any(-1).sum().clamp(min=1)
+                n_pre = preserving_mask(adv[mb], lm).any(-1).sum().clamp(min=1)
+                self.optimizer.zero_grad(set_to_none=True)
+                for micro in plan_micro_batches(batch, mb, cfg.optim.micro_batch_tokens):
+                    sub = batch.select(micro)
+                    w = sub.response_len
+                    need_ent = algo.entropy_coef > 0
+                    lp, ent = response_log_probs(
+                        self.model, sub, temperature=cfg.rollout.temperature, with_entropy=need_ent
+                    )
+                    mask = sub.loss_mask.to(lp.device)
+                    old = old_logp[micro, :w].to(lp.device)
+                    a = adv[micro].to(lp.device)
+                    pg, st = policy_loss(
+                        lp,
+                        old,
+                        a,
+                        mask,
+                        clip_low=algo.clip_low,
+                        clip_high=algo.clip_high,
+                        ratio_type=algo.ratio_type,
+                        dual_clip=algo.dual_clip,
+                        aggregation=algo.aggregation,
+                        num_sequences=n_seq,
+                        num_tokens=n_tok,
+                    )
+                    loss = pg
+                    share = float(mask.sum()) / float(n_tok)
+                    acc["policy/pg_loss"] += float(pg.detach())
+                    for key in ("clip_frac_low", "clip_frac_high", "approx_kl", "ratio_mean"):
+                        acc[f"policy/{key}"] += float(st[key]) * share
+                    maxes["policy/ratio_max"] = max(
+                        maxes.get("policy/ratio_max", -1e30), float(st["ratio_max"])
+                    )
+                    mins["policy/ratio_min"] = min(
+                        mins.get("policy/ratio_min", 1e30), float(st["ratio_min"])
+                    )
+                    if ref_logp is not None:
+                        kl_tok = kl_penalty(lp, ref_logp[micro, :w].to(lp.device), algo.kl_kind)
+                        kl = aggregate(
+                            kl_tok, mask, algo.aggregation, num_sequences=n_seq, num_tokens=n_tok
+                        )
+                        loss = loss + algo.kl_coef * kl
+                        acc["policy/kl"] += float(kl.detach())
+                    if need_ent and ent is not None:
+                        ent_term = aggregate(
+                            ent, mask, algo.aggregation, num_sequences=n_seq, num_tokens=n_tok
+                        )
+                        loss = loss - algo.entropy_coef * ent_term
+                    if use_llds:
+                        ll, lst = llds_loss(
+                            lp,
+                            old,
+                            a,
+                            mask,
+                            coef=lc.coef,
+                            gate=lc.gate,
+                            answer_mask=sub.answer_mask.to(lp.device) if lc.mask_answer else None,
+                            answer_weight=beta,
+                            aggregation=lc.aggregation,
+                            num_sequences=n_pre,
+                            num_tokens=n_tok,
+                        )
+                        loss = loss + ll
+                        acc["llds/loss"] += float(ll.detach())
+                        for key in ("gate_frac", "penalized_token_frac", "mean_penalty"):
+                            acc[f"llds/{key}"] += float(lst[key]) * share
+                    loss.backward()
+                norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip)
+                if not torch.isfinite(norm):
+                    self.optimizer.zero_grad(set_to_none=True)
+                    self.nonfinite_in_a_row += 1
+                    self.skipped_updates += 1
+                    log.warning(
+                        "step %d: non-finite gradient, update skipped (%d in a row)",
+                        k,
+                        self.nonfinite_in_a_row,
+                    )
+                    if self.nonfinite_in_a_row >= cfg.optim.max_nonfinite_in_a_row:
+                        raise NonFiniteError(
+                            f"{self.nonfinite_in_a_row} non-finite gradients in a row at step {k}; "
+                            "stopping (optim.max_nonfinite_in_a_row)"
+                        )
+                    continue
+                self.nonfinite_in_a_row = 0
+                grad_norms.append(float(norm))
+                self.optimizer.step()
+                n_updates += 1
+        n_mb = cfg.optim.mini_batches * cfg.optim.epochs
+        out = {key: val / n_mb for key, val in acc.items()}
+        out.update(maxes)
+        out.update(mins)
+        out["policy/grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
+        out["policy/grad_norm_max"] = max(grad_norms) if grad_norms else float("nan")
+        out["optim/updates"] = n_updates
+        out["optim/skipped_total"] = self.skipped_updates
+        if use_llds:
+            out["llds/answer_weight"] = beta
+        self.optimizer.zero_grad(set_to_none=True)
+        return out
+
+    def _rollout_metrics(self, batch: RolloutBatch, adv, old_logp, entropy) -> dict[str, float]:
+        eps = batch.episodes
+        n = max(1, len(eps))
+        correct = torch.tensor([e.em > 0 for e in eps])
+        groups: dict[str, list[float]] = {}
+        for e in eps:
+            groups.setdefault(e.group_id, []).append(e.em)
+        mixed = sum(1 for g in groups.values() if 0 < sum(g) < len(g))
+        all_right = sum(1 for g in groups.values() if sum(g) == len(g))
+        stops = Counter(e.stop_reason for e in eps)
+        m: dict[str, float] = {
+            "reward/mean": float(batch.rewards.mean()),
+            "reward/em": sum(e.em for e in eps) / n,
+            "reward/f1": sum(e.f1 for e in eps) / n,
+            "reward/sub_em": sum(e.sub_em for e in eps) / n,
+            "rollout/valid_searches": sum(e.num_valid_searches for e in eps) / n,
+            "rollout/turns": sum(e.num_turns for e in eps) / n,
+            "rollout/invalid_actions": sum(e.num_invalid for e in eps) / n,
+            "rollout/response_tokens": float(batch.loss_mask.sum()) / n,
+            "rollout/answered_frac": stops["answer"] / n,
+            "rollout/valid_format_frac": sum(e.valid_format for e in eps) / n,
+            "groups/mixed_frac": mixed / max(1, len(groups)),
+            "groups/all_correct_frac": all_right / max(1, len(groups)),
+            "policy/entropy": float(masked_mean(entropy, batch.loss_mask))
+            if entropy is not None
+            else float("nan"),
+            "advantage/abs_mean": float(adv.abs().mean()),
+        }
+        searches = torch.tensor([e.num_valid_searches for e in eps])
+        m.update(
+            likelihood_metrics(old_logp, batch.loss_mask, batch.action_index, correct, searches)
+        )
+        m["lld/shared_first_search_wrong_frac"] = shared_first_search_share(
+            batch.group_ids,
+            correct.tolist(),
+            [e.retrieved_ids[0] if e.retrieved_ids else None for e in eps],
+        )
+        return m
+
+    def _displacement(self, batch: RolloutBatch, old_logp, k: int) -> dict[str, float]:
+        """One extra no-grad forward: how did this step's updates move the batch's likelihood?"""
+        frac = self.cfg.diagnostics.sample_fraction
+        b = len(batch)
+        if frac < 1.0:
+            gen = torch.Generator().manual_seed(self.cfg.seed * 104_729 + k)
+            rows = sorted(torch.randperm(b, generator=gen)[: max(1, round(frac * b))].tolist())
+        else:
+            rows = list(range(b))
+        sub = batch.select(rows)
+        self.model.eval()
+        new_logp, _ = batched_log_probs(
+            self.model,
+            sub,
+            self.cfg.optim.micro_batch_tokens,
+            temperature=self.cfg.rollout.temperature,
+        )
+        self.model.train()
+        w = sub.response_len
+        correct = torch.tensor([e.em > 0 for e in sub.episodes])
+        return displacement_metrics(
+            old_logp[rows, :w], new_logp, sub.loss_mask, sub.action_index, correct
+        )
+
+    def save(self) -> Path:
+        state = {
+            "step": self.step,
+            "nonfinite_in_a_row": self.nonfinite_in_a_row,
+            "skipped_updates": self.skipped_updates,
+            "config": to_dict(self.cfg),
+        }
+        return save_checkpoint(
+            self.ckpt_root,
+            self.step,
+            model=self.model,
+            tokenizer=self.tokenizer,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            trainer_state=state,
+            keep=self.cfg.keep_checkpoints,
+        )
+
+
+def _split(order: list[int], parts: int) -> list[list[int]]:
+    size, extra = divmod(len(order), parts)
+    out, start = [], 0
+    for i in range(parts):
+        end = start + size + (1 if i < extra else 0)
+        out.append(order[start:end])
+        start = end
+    return [o for o in out if o]
+
+
+def _template_from(spec: str) -> PromptTemplate:
+    if "{question}" in spec:
+        return PromptTemplate(spec)
+    path = Path(spec)
+    if not path.is_file():
+        raise UserInputError(
+            f"data.prompt_template: {spec!r} is neither a file nor a template with {{question}}"
+        )
+    return PromptTemplate.from_file(path)
+
+
+def _summary(m: dict[str, Any]) -> str:
+    def f(key: str, fmt: str = ".3f") -> str:
+        v = m.get(key)
+        return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)
+
+    return (
+        f"reward {f('reward/mean')} | searches {f('rollout/valid_searches', '.2f')} | "
+        f"logp+ {f('lld/logp_correct')} | disp+ {f('lld/disp_correct')} | "
+        f"H {f('policy/entropy')} | |g| {f('policy/grad_norm', '.2f')} | "
+        f"{f('time/step', '.1f')}s"
+    )
