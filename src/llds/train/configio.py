@@ -126,6 +126,11 @@ def _coerce(tp: Any, value: Any, dotted: str) -> Any:
             raise ConfigError(f"{dotted}: expected true/false, got {value!r}")
         return value
     if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads `1e-4` (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"{dotted}: expected a number, got {value!r}")
         return float(value)

@@ -99,7 +99,7 @@ class GRPOTrainer:
         self.model.train()
 
         if retriever is None:
-            from llds.retrieval import open_retriever
+            from llds.retrieval.factory import open_retriever
 
             retriever = open_retriever(cfg.retriever.source)
         self.retriever = retriever

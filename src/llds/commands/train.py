@@ -1,0 +1,42 @@
+"""`llds train`: GRPO (+LLDS) training from a YAML config with key=value overrides."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "train a search agent with GRPO + LLDS (resumes from RUN_DIR's last checkpoint)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="YAML config (see configs/)")
+    p.add_argument(
+        "overrides", nargs="*", help="dotted overrides, e.g. algo.llds.coef=0.3 steps=50"
+    )
+    p.add_argument(
+        "--no-resume", action="store_true", help="ignore existing checkpoints in run_dir"
+    )
+    p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+
+
+def run(args: argparse.Namespace) -> int:
+    import logging
+
+    import yaml
+    from rich.logging import RichHandler
+
+    from llds.train.config import load_config
+    from llds.train.configio import to_dict
+
+    cfg = load_config(args.config, args.overrides)
+    if args.print_config:
+        print(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+        return 0
+    logging.basicConfig(
+        level=logging.INFO, format="%(message)s", handlers=[RichHandler(show_path=False)]
+    )
+    from llds.train.trainer import GRPOTrainer
+
+    trainer = GRPOTrainer(cfg, resume=not args.no_resume)
+    trainer.train()
+    print(f"run written to {cfg.run_dir} (metrics.jsonl, tensorboard/, checkpoints/)")
+    return 0

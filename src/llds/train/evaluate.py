@@ -1,0 +1,118 @@
+"""Greedy evaluation: per-source EM / F1 / substring-EM / valid searches, nothing dropped."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from llds.data.example import QAExample
+from llds.env.prompts import PromptTemplate, build_prompt_ids
+from llds.rollout import RolloutConfig, RolloutEngine, RolloutRequest
+
+
+def evaluate(
+    model,
+    tokenizer,
+    retriever,
+    examples: Sequence[QAExample],
+    rollout: RolloutConfig | None = None,
+    *,
+    template: PromptTemplate | str | None = None,
+    chat: bool | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Run every example once with greedy decoding and aggregate the scores.
+
+    Returns `{"overall": {...}, "by_source": {src: {...}}, "by_hops": {...}, "records": [...]}`;
+    each aggregate has `n`, `em`, `f1`, `sub_em`, `valid_searches`, `answered`. Every example is
+    scored, including the last partial batch.
+    """
+    cfg = dataclasses.replace(rollout or RolloutConfig(max_turns=4), temperature=0.0, group_size=1)
+    engine = RolloutEngine(model, tokenizer, retriever, cfg)
+    records: list[dict[str, Any]] = []
+    chunk = cfg.max_rows
+    from rich.progress import Progress
+
+    with Progress(disable=not progress, transient=True) as bar:
+        task = bar.add_task("eval", total=len(examples))
+        for s in range(0, len(examples), chunk):
+            part = list(examples[s : s + chunk])
+            reqs = [
+                RolloutRequest(
+                    build_prompt_ids(tokenizer, ex.question, template, chat=chat),
+                    ex.id,
+                    ex.id,
+                    ex.answers,
+                )
+                for ex in part
+            ]
+            batch = engine.generate(reqs)
+            for ex, ep in zip(part, batch.episodes, strict=True):
+                records.append(
+                    {
+                        "id": ex.id,
+                        "source": ex.source,
+                        "question": ex.question,
+                        "golds": list(ex.answers),
+                        "prediction": ep.answer,
+                        "em": ep.em,
+                        "f1": ep.f1,
+                        "sub_em": ep.sub_em,
+                        "valid_searches": ep.num_valid_searches,
+                        "answered": ep.stop_reason == "answer",
+                        "hops": ex.metadata.get("hops"),
+                        "queries": ep.queries,
+                        "response": ep.response_text,
+                    }
+                )
+            bar.advance(task, len(part))
+    by_source: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    by_hops: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in records:
+        by_source[r["source"]].append(r)
+        if r["hops"] is not None:
+            by_hops[str(r["hops"])].append(r)
+    return {
+        "overall": _aggregate(records),
+        "by_source": {k: _aggregate(v) for k, v in sorted(by_source.items())},
+        "by_hops": {k: _aggregate(v) for k, v in sorted(by_hops.items())},
+        "records": records,
+    }
+
+
+def _aggregate(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+    n = len(rows)
+    if n == 0:
+        return {"n": 0}
+    return {
+        "n": n,
+        "em": sum(r["em"] for r in rows) / n,
+        "f1": sum(r["f1"] for r in rows) / n,
+        "sub_em": sum(r["sub_em"] for r in rows) / n,
+        "valid_searches": sum(r["valid_searches"] for r in rows) / n,
+        "answered": sum(r["answered"] for r in rows) / n,
+    }
+
+
+def results_table(results: dict[str, Any]) -> str:
+    """A markdown table of the aggregates (overall, per source, per hop count)."""
+    lines = [
+        "| split | n | EM | F1 | sub-EM | valid searches | answered |",
+        "|---|---|---|---|---|---|---|",
+    ]
+
+    def row(name: str, a: dict[str, float]) -> None:
+        if a.get("n"):
+            lines.append(
+                f"| {name} | {a['n']} | {a['em']:.3f} | {a['f1']:.3f} | {a['sub_em']:.3f} | "
+                f"{a['valid_searches']:.2f} | {a['answered']:.2f} |"
+            )
+
+    for k, a in results["by_source"].items():
+        row(k, a)
+    for k, a in results["by_hops"].items():
+        row(f"{k}-hop", a)
+    row("**overall**", results["overall"])
+    return "\n".join(lines)

@@ -1,0 +1,347 @@
+"""Expert search trajectories for supervised warm-up, laid out token for token like a rollout.
+
+A trajectory is what the rollout engine would have produced had the policy been an expert: the
+prompt ids from `build_prompt_ids`, then per hop one action (`<think> ... </think>` +
+`<search> query </search>`) followed by the observation the retriever really returns for that
+query, then a final `<think> ... </think>` + `<answer> ... </answer>` action. Every action and every
+observation is tokenized on its own (no special tokens) and the pieces are concatenated, exactly as
+the engine appends sampled action ids and separately tokenized observations. The loss mask is 1 on
+action tokens only, so SFT trains the same tokens GRPO will later train.
+
+Where the hops come from:
+
+* Synthetic-world questions carry `metadata["chain"]`, a list of `{"query", "answer", ...}` hops;
+  the expert searches each hop's query and answers with the example's first gold answer.
+* Real QA data has no chain. The expert then makes one search with the question text itself and
+  answers with the first gold answer, and the example is kept only when the retrieved passages
+  contain one of the gold answers (SQuAD-normalized substring): trajectories whose evidence does
+  not support the answer would teach the model to answer from nowhere.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from llds.data.example import QAExample
+from llds.env.observation import information_block
+from llds.env.prompts import PromptTemplate, build_prompt_ids
+from llds.env.rewards import normalize_answer
+from llds.env.tags import (
+    ANSWER_CLOSE,
+    ANSWER_OPEN,
+    SEARCH_CLOSE,
+    SEARCH_OPEN,
+    THINK_CLOSE,
+    THINK_OPEN,
+)
+from llds.errors import DataFormatError
+from llds.retrieval.base import Hit, Retriever
+
+# Our own short reasoning phrases; one is drawn per action by a per-example seeded RNG, so the
+# model sees a little surface variety but the same example always gives the same trajectory.
+_FIRST_SEARCH = (
+    "I need to find the {query}.",
+    "I should look up the {query}.",
+    "To answer, I first need the {query}.",
+)
+_NEXT_SEARCH = (
+    "The {prev_query} is {prev_answer}. Next I need the {query}.",
+    "So the {prev_query} is {prev_answer}. Now I look up the {query}.",
+    "I found that the {prev_query} is {prev_answer}. I still need the {query}.",
+)
+_FINAL_FROM_CHAIN = (
+    "The {prev_query} is {answer}, so that is the answer.",
+    "I found that the {prev_query} is {answer}.",
+    "The passage says the {prev_query} is {answer}.",
+)
+_QUESTION_SEARCH = (
+    "I need to search for this question.",
+    "I do not know this yet, so I will search.",
+    "Let me look this up.",
+)
+_FINAL_FROM_QUESTION = (
+    "The passages say the answer is {answer}.",
+    "According to the results, the answer is {answer}.",
+    "The retrieved text points to {answer}.",
+)
+
+
+@dataclass(frozen=True)
+class ExpertEpisode:
+    """One teacher-forced trajectory: `input_ids` = prompt + response, `loss_mask` aligned to it.
+
+    `loss_mask` is 1 exactly on the model-written action tokens and 0 on the prompt and on every
+    observation. `action_texts` / `observations` are the text pieces in order (action 0,
+    observation 0, action 1, ..., final action), kept for inspection and tests.
+    """
+
+    example_id: str
+    input_ids: list[int]
+    loss_mask: list[int]
+    prompt_len: int
+    hops: int
+    action_texts: tuple[str, ...]
+    observations: tuple[str, ...]
+    queries: tuple[str, ...]
+    answer: str
+    metadata: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return self.input_ids[: self.prompt_len]
+
+    @property
+    def response_ids(self) -> list[int]:
+        return self.input_ids[self.prompt_len :]
+
+    @property
+    def response_mask(self) -> list[int]:
+        """`loss_mask` over the response only (the rollout engine's `action_mask`)."""
+        return self.loss_mask[self.prompt_len :]
+
+    @property
+    def num_action_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+@dataclass
+class ExpertDataStats:
+    """What `build_expert_episodes` kept and why it dropped the rest."""
+
+    considered: int = 0
+    kept: int = 0
+    skipped_hops: int = 0
+    skipped_no_gold_in_retrieval: int = 0
+    kept_by_hops: dict[int, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "considered": self.considered,
+            "kept": self.kept,
+            "skipped_hops": self.skipped_hops,
+            "skipped_no_gold_in_retrieval": self.skipped_no_gold_in_retrieval,
+            "kept_by_hops": {str(h): n for h, n in sorted(self.kept_by_hops.items())},
+        }
+
+
+def _tokens(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def _action(think: str, tag_open: str, content: str, tag_close: str) -> str:
+    return f"{THINK_OPEN} {think} {THINK_CLOSE}\n{tag_open} {content} {tag_close}"
+
+
+def _chain(example: QAExample) -> list[dict[str, Any]] | None:
+    """The example's hop chain, validated; None when it has none (real QA data)."""
+    chain = example.metadata.get("chain") if example.metadata else None
+    if chain is None:
+        return None
+    if not isinstance(chain, list) or not chain:
+        raise DataFormatError(f"example {example.id}: metadata.chain must be a non-empty list")
+    for i, hop in enumerate(chain):
+        if not isinstance(hop, dict) or not all(
+            isinstance(hop.get(key), str) and hop[key].strip() for key in ("query", "answer")
+        ):
+            raise DataFormatError(
+                f"example {example.id}: metadata.chain[{i}] needs non-empty 'query' and 'answer'"
+            )
+    return chain
+
+
+def expert_hops(example: QAExample) -> int:
+    """Number of searches the expert makes: the chain length, or 1 for real QA."""
+    chain = _chain(example)
+    return 1 if chain is None else len(chain)
+
+
+def expert_queries(example: QAExample) -> list[str]:
+    """The expert's search queries, in order."""
+    chain = _chain(example)
+    return [example.question.strip()] if chain is None else [h["query"].strip() for h in chain]
+
+
+def _rng_for(example: QAExample, seed: int) -> random.Random:
+    return random.Random(f"{seed}:{example.id}")
+
+
+def expert_actions(example: QAExample, *, think: bool = True, seed: int = 0) -> list[str]:
+    """The expert's action texts: one per search, then the answer action.
+
+    With `think=False` every action is just the search/answer span (no reasoning text).
+    """
+    if not example.answers:
+        raise DataFormatError(f"example {example.id}: no gold answers")
+    rng = _rng_for(example, seed)
+    answer = example.answers[0].strip()
+    chain = _chain(example)
+    actions: list[str] = []
+    if chain is None:
+        searches = [(rng.choice(_QUESTION_SEARCH), example.question.strip())]
+        final_think = rng.choice(_FINAL_FROM_QUESTION).format(answer=answer)
+    else:
+        searches = []
+        for i, hop in enumerate(chain):
+            bank = _FIRST_SEARCH if i == 0 else _NEXT_SEARCH
+            prev = chain[i - 1] if i else {}
+            searches.append(
+                (
+                    rng.choice(bank).format(
+                        query=hop["query"].strip(),
+                        prev_query=prev.get("query", "").strip(),
+                        prev_answer=prev.get("answer", "").strip(),
+                    ),
+                    hop["query"].strip(),
+                )
+            )
+        final_think = rng.choice(_FINAL_FROM_CHAIN).format(
+            prev_query=chain[-1]["query"].strip(), answer=answer
+        )
+    for think_text, query in searches:
+        if think:
+            actions.append(_action(think_text, SEARCH_OPEN, query, SEARCH_CLOSE))
+        else:
+            actions.append(f"{SEARCH_OPEN} {query} {SEARCH_CLOSE}")
+    if think:
+        actions.append(_action(final_think, ANSWER_OPEN, answer, ANSWER_CLOSE))
+    else:
+        actions.append(f"{ANSWER_OPEN} {answer} {ANSWER_CLOSE}")
+    return actions
+
+
+def retrieval_contains_gold(hits: Sequence[Hit], golds: Sequence[str]) -> bool:
+    """True when some normalized gold answer is a substring of some normalized passage."""
+    gold_norm = [g for g in (normalize_answer(x) for x in golds) if g]
+    return any(g in normalize_answer(h.contents) for h in hits for g in gold_norm)
+
+
+def assemble_episode(
+    example: QAExample,
+    hits_per_search: Sequence[Sequence[Hit]],
+    tokenizer: Any,
+    *,
+    template: PromptTemplate | str | None = None,
+    chat: bool | None = None,
+    max_obs_tokens: int = 500,
+    think: bool = True,
+    seed: int = 0,
+) -> ExpertEpisode:
+    """Lay out the expert trajectory given the retriever's hits for each of its searches."""
+    actions = expert_actions(example, think=think, seed=seed)
+    queries = expert_queries(example)
+    if len(hits_per_search) != len(queries):
+        raise ValueError(
+            f"example {example.id}: {len(queries)} searches but {len(hits_per_search)} hit lists"
+        )
+    prompt = build_prompt_ids(tokenizer, example.question, template, chat=chat)
+    ids, mask = list(prompt), [0] * len(prompt)
+    observations: list[str] = []
+    for action, hits in zip(actions[:-1], hits_per_search, strict=True):
+        action_ids = _tokens(tokenizer, action)
+        ids += action_ids
+        mask += [1] * len(action_ids)
+        block = information_block(hits, tokenizer=tokenizer, max_tokens=max_obs_tokens)
+        observations.append(block)
+        obs_ids = _tokens(tokenizer, block)
+        ids += obs_ids
+        mask += [0] * len(obs_ids)
+    final_ids = _tokens(tokenizer, actions[-1])
+    ids += final_ids
+    mask += [1] * len(final_ids)
+    return ExpertEpisode(
+        example_id=example.id,
+        input_ids=ids,
+        loss_mask=mask,
+        prompt_len=len(prompt),
+        hops=len(queries),
+        action_texts=tuple(actions),
+        observations=tuple(observations),
+        queries=tuple(queries),
+        answer=example.answers[0].strip(),
+        metadata={"source": example.source},
+    )
+
+
+def build_expert_episode(
+    example: QAExample,
+    retriever: Retriever,
+    tokenizer: Any,
+    *,
+    template: PromptTemplate | str | None = None,
+    chat: bool | None = None,
+    topk: int = 3,
+    max_obs_tokens: int = 500,
+    think: bool = True,
+    seed: int = 0,
+) -> ExpertEpisode | None:
+    """The expert trajectory for one example, with real retrieval results as observations.
+
+    Returns None for a chain-less (real QA) example whose retrieved passages contain no gold
+    answer; world examples with a chain are always built.
+    """
+    queries = expert_queries(example)
+    hits = retriever.search(queries, topk)
+    if _chain(example) is None and not retrieval_contains_gold(hits[0], example.answers):
+        return None
+    return assemble_episode(
+        example, hits, tokenizer, template=template, chat=chat,
+        max_obs_tokens=max_obs_tokens, think=think, seed=seed,
+    )
+
+
+def build_expert_episodes(
+    examples: Sequence[QAExample],
+    retriever: Retriever,
+    tokenizer: Any,
+    *,
+    template: PromptTemplate | str | None = None,
+    chat: bool | None = None,
+    topk: int = 3,
+    max_obs_tokens: int = 500,
+    think: bool = True,
+    max_hops: int | None = None,
+    num_examples: int | None = None,
+    seed: int = 0,
+) -> tuple[list[ExpertEpisode], ExpertDataStats]:
+    """Expert trajectories for many examples, with all searches sent to the retriever at once.
+
+    `max_hops` drops examples that need more searches (e.g. 1 = warm up on single-hop only, so
+    multi-hop is left for RL to learn); `num_examples` caps how many trajectories are kept (in
+    input order). Both are the knobs for how much the warm start teaches.
+    """
+    stats = ExpertDataStats(considered=len(examples))
+    chosen: list[QAExample] = []
+    for ex in examples:
+        if max_hops is not None and expert_hops(ex) > max_hops:
+            stats.skipped_hops += 1
+            continue
+        chosen.append(ex)
+    flat: list[str] = []
+    spans: list[tuple[int, int]] = []
+    for ex in chosen:
+        queries = expert_queries(ex)
+        spans.append((len(flat), len(flat) + len(queries)))
+        flat.extend(queries)
+    results = retriever.search(flat, topk) if flat else []
+    episodes: list[ExpertEpisode] = []
+    for ex, (lo, hi) in zip(chosen, spans, strict=True):
+        if num_examples is not None and len(episodes) >= num_examples:
+            break
+        hits = results[lo:hi]
+        if _chain(ex) is None and not retrieval_contains_gold(hits[0], ex.answers):
+            stats.skipped_no_gold_in_retrieval += 1
+            continue
+        ep = assemble_episode(
+            ex, hits, tokenizer, template=template, chat=chat,
+            max_obs_tokens=max_obs_tokens, think=think, seed=seed,
+        )
+        episodes.append(ep)
+        stats.kept_by_hops[ep.hops] = stats.kept_by_hops.get(ep.hops, 0) + 1
+    stats.kept = len(episodes)
+    return episodes, stats

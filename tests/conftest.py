@@ -1,0 +1,58 @@
+"""Shared fixtures: a small synthetic world, a BPE tokenizer fitted to it, tiny random models,
+and a real BM25 retriever over the world's corpus. Built once per test session."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+@pytest.fixture(scope="session")
+def small_world():
+    from llds.data.world import WorldConfig, generate_world
+
+    return generate_world(WorldConfig(seed=3, num_entities=40, num_train=48, num_test=16))
+
+
+@pytest.fixture(scope="session")
+def world_tokenizer(small_world):
+    from llds.models.bpe import train_bpe_tokenizer
+
+    texts = [d["contents"] for d in small_world.corpus] + [q.question for q in small_world.train]
+    return train_bpe_tokenizer(texts, vocab_size=400)
+
+
+@pytest.fixture(scope="session")
+def world_retriever(small_world):
+    from llds.retrieval.factory import build_retriever
+
+    return build_retriever(small_world.corpus, show_progress=False)
+
+
+def make_tiny_model(tokenizer, *, seed: int = 0, hidden: int = 64, layers: int = 2):
+    from llds.models.tiny import tiny_causal_lm_for
+
+    return tiny_causal_lm_for(tokenizer, hidden_size=hidden, num_layers=layers, seed=seed)
+
+
+def tag_happy(model, tokenizer, bias: float = 4.0):
+    """Give a random tiny model an output bias towards the protocol tags, so that short sampled
+    rollouts search, answer and make invalid actions often enough to exercise every branch."""
+    from llds.env.tags import PROTOCOL_TOKENS
+
+    head = model.get_output_embeddings()
+    new = torch.nn.Linear(head.in_features, head.out_features, bias=True)
+    with torch.no_grad():
+        new.weight.copy_(head.weight)
+        new.bias.zero_()
+        for tag in PROTOCOL_TOKENS:
+            if tag not in ("<information>", "</information>"):
+                new.bias[tokenizer.convert_tokens_to_ids(tag)] = bias
+    model.config.tie_word_embeddings = False
+    model.set_output_embeddings(new)
+    return model
+
+
+@pytest.fixture()
+def tiny_model(world_tokenizer):
+    return make_tiny_model(world_tokenizer)

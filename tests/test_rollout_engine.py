@@ -1,0 +1,151 @@
+"""The rollout engine against the protocol rules, on a real tiny model and a real BM25 index."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import make_tiny_model, tag_happy
+
+from llds.env.actions import parse_action
+from llds.env.observation import information_block, invalid_action_message
+from llds.env.prompts import build_prompt_ids
+from llds.env.rewards import exact_match, extract_answer
+from llds.rollout import RolloutConfig, RolloutEngine, RolloutRequest
+
+
+def _requests(world, tok, n=12, group=3):
+    qs = world.train[: n // group]
+    return [
+        RolloutRequest(
+            build_prompt_ids(tok, q.question, "Question: {question}\n"),
+            q.id,
+            f"{q.id}#0",
+            q.answers,
+        )
+        for q in qs
+        for _ in range(group)
+    ]
+
+
+def _generate(model, tok, retriever, reqs, seed=0, **cfg):
+    base = dict(max_turns=2, max_turn_tokens=24, max_obs_tokens=48, max_total_tokens=320, topk=2)
+    base.update(cfg)
+    engine = RolloutEngine(model, tok, retriever, RolloutConfig(**base))
+    gen = torch.Generator().manual_seed(seed)
+    return engine.generate(reqs, generator=gen), engine
+
+
+@pytest.fixture(scope="module")
+def happy_batch(small_world, world_tokenizer, world_retriever):
+    model = tag_happy(make_tiny_model(world_tokenizer, seed=1), world_tokenizer)
+    reqs = _requests(small_world, world_tokenizer, n=24)
+    batch, engine = _generate(model, world_tokenizer, world_retriever, reqs)
+    return batch, engine, model, reqs
+
+
+def test_every_branch_is_exercised(happy_batch):
+    batch, *_ = happy_batch
+    reasons = {e.stop_reason for e in batch.episodes}
+    assert sum(e.num_valid_searches for e in batch.episodes) > 0
+    assert sum(e.num_invalid for e in batch.episodes) > 0
+    assert "answer" in reasons
+
+
+def test_token_layout_matches_the_protocol(happy_batch, world_tokenizer, world_retriever):
+    batch, engine, _, reqs = happy_batch
+    tok = world_tokenizer
+    cfg = engine.config
+    for row, (ep, req) in enumerate(zip(batch.episodes, reqs, strict=True)):
+        assert ep.prompt_ids == req.prompt_ids and ep.group_id == req.group_id
+        # split the response into alternating action / observation runs
+        runs, cur, kind = [], [], None
+        for tid, m in zip(ep.response_ids, ep.action_mask, strict=True):
+            if kind is not None and m != kind:
+                runs.append((kind, cur))
+                cur = []
+            kind = m
+            cur.append(tid)
+        if cur:
+            runs.append((kind, cur))
+        actions = [ids for k, ids in runs if k == 1]
+        observations = [ids for k, ids in runs if k == 0]
+        assert [tok.decode(a) for a in actions] == ep.action_texts
+        assert len(actions) == ep.num_turns <= cfg.max_turns + 1
+        assert ep.num_valid_searches <= cfg.max_turns
+        assert len(ep.prompt_ids) + len(ep.response_ids) <= cfg.max_total_tokens
+        # each observation is exactly what the environment owes the preceding action
+        search_i = 0
+        for a_ids, o_ids in zip(actions, observations, strict=False):
+            action = parse_action(tok.decode(a_ids))
+            if action.kind == "search":
+                hits = world_retriever.search([action.content], cfg.topk)[0]
+                expected = information_block(hits, tokenizer=tok, max_tokens=cfg.max_obs_tokens)
+                assert ep.queries[search_i] == action.content
+                search_i += 1
+            else:
+                assert action.kind == "invalid"
+                expected = invalid_action_message()
+            want = tok(expected, add_special_tokens=False)["input_ids"]
+            assert o_ids == want[: len(o_ids)] and len(o_ids) >= 1
+        assert search_i == ep.num_valid_searches
+        # padded tensors agree with the episode
+        p = batch.prompt_len
+        n = len(ep.response_ids)
+        assert batch.input_ids[row, p : p + n].tolist() == ep.response_ids
+        assert batch.loss_mask[row, :n].tolist() == [bool(m) for m in ep.action_mask]
+        assert not batch.loss_mask[row, n:].any()
+
+
+def test_rewards_and_answer_span(happy_batch, world_tokenizer):
+    batch, *_ = happy_batch
+    for row, ep in enumerate(batch.episodes):
+        pred = extract_answer("".join(ep.action_texts))
+        assert ep.em == exact_match(pred, ep.golds) == batch.rewards[row].item()
+        span = [t for t, m in zip(ep.response_ids, ep.answer_mask, strict=True) if m]
+        if ep.stop_reason == "answer":
+            text = world_tokenizer.decode(span)
+            assert text.startswith("<answer>") and text.endswith("</answer>")
+        else:
+            assert not span
+
+
+def test_kv_reuse_gives_the_same_rollouts_with_less_prefill(
+    small_world, world_tokenizer, world_retriever
+):
+    model = tag_happy(make_tiny_model(world_tokenizer, seed=2), world_tokenizer)
+    reqs = _requests(small_world, world_tokenizer, n=12)
+    a, ea = _generate(model, world_tokenizer, world_retriever, reqs, kv_reuse=True)
+    b, eb = _generate(model, world_tokenizer, world_retriever, reqs, kv_reuse=False)
+    assert torch.equal(a.input_ids, b.input_ids)
+    assert torch.equal(a.loss_mask, b.loss_mask)
+    assert ea.stats["prefill_tokens"] < eb.stats["prefill_tokens"]
+
+
+def test_batched_greedy_equals_one_row_at_a_time(small_world, world_tokenizer, world_retriever):
+    model = tag_happy(make_tiny_model(world_tokenizer, seed=4), world_tokenizer, bias=3.0)
+    reqs = _requests(small_world, world_tokenizer, n=6, group=1)
+    together, _ = _generate(model, world_tokenizer, world_retriever, reqs, temperature=0.0)
+    for i, req in enumerate(reqs):
+        alone, _ = _generate(model, world_tokenizer, world_retriever, [req], temperature=0.0)
+        assert alone.episodes[0].response_ids == together.episodes[i].response_ids
+
+
+def test_max_rows_chunks_keep_order_and_count(small_world, world_tokenizer, world_retriever):
+    model = make_tiny_model(world_tokenizer, seed=5)
+    reqs = _requests(small_world, world_tokenizer, n=7, group=1)
+    batch, _ = _generate(
+        model, world_tokenizer, world_retriever, reqs, max_rows=3, temperature=0.0,
+        max_turns=1, max_turn_tokens=8,
+    )
+    assert [e.example_id for e in batch.episodes] == [r.example_id for r in reqs]
+    assert len(batch) == 7
+
+
+def test_select_trims_padding(happy_batch):
+    batch, *_ = happy_batch
+    sub = batch.select([0, 3])
+    for j, i in enumerate([0, 3]):
+        full = batch.input_ids[i][batch.attention_mask[i].bool()]
+        part = sub.input_ids[j][sub.attention_mask[j].bool()]
+        assert torch.equal(full, part)
+    assert sub.attention_mask[:, 0].any() and sub.attention_mask[:, -1].any()
