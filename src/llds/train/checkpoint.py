@@ -57,6 +57,9 @@ def save_checkpoint(
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # one progress line per checkpoint is noise in the run log
     model.save_pretrained(tmp / "model", safe_serialization=True)
     tokenizer.save_pretrained(tmp / "model")
     torch.save(

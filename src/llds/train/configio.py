@@ -20,8 +20,17 @@ from llds.errors import ConfigError
 T = TypeVar("T")
 
 
+@dataclasses.dataclass(frozen=True)
+class Override:
+    """A command-line value: parsed as YAML for typed fields, kept verbatim for string fields
+    (so `data.prompt_template=Question: {question}` stays text, not a YAML mapping)."""
+
+    raw: str
+    parsed: Any
+
+
 def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
-    """`["algo.llds.coef=0.3", "train.steps=10"]` -> nested dict; values parsed as YAML scalars."""
+    """`["algo.llds.coef=0.3", "steps=10"]` -> nested dict of `Override` leaves."""
     nested: dict[str, Any] = {}
     for pair in pairs:
         if "=" not in pair:
@@ -31,9 +40,10 @@ def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
         if not key or any(not part for part in key.split(".")):
             raise ConfigError(f"override {pair!r} has an empty key")
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"override {key}: cannot parse value {raw!r}: {exc}") from None
+            parsed = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            parsed = raw  # not YAML: only a string field can take it
+        value = Override(raw, parsed)
         node = nested
         parts = key.split(".")
         for part in parts[:-1]:
@@ -91,6 +101,9 @@ def from_dict(cls: type[T], data: Mapping[str, Any], prefix: str = "") -> T:
 def _coerce(tp: Any, value: Any, dotted: str) -> Any:
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
+    if isinstance(value, Override):
+        wants_str = tp is str or (str in args and value.parsed is not None)
+        value = value.raw if wants_str else value.parsed
     if dataclasses.is_dataclass(tp):
         return from_dict(tp, value or {}, prefix=f"{dotted}.")
     if origin in (typing.Union, types.UnionType):

@@ -68,6 +68,11 @@ _FINAL_FROM_QUESTION = (
     "The retrieved text points to {answer}.",
 )
 
+# Everything the expert writes besides names: fit a small tokenizer on it too.
+EXPERT_PHRASES: tuple[str, ...] = (
+    *_FIRST_SEARCH, *_NEXT_SEARCH, *_FINAL_FROM_CHAIN, *_QUESTION_SEARCH, *_FINAL_FROM_QUESTION,
+)
+
 
 @dataclass(frozen=True)
 class ExpertEpisode:

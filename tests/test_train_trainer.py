@@ -1,0 +1,212 @@
+"""The GRPO trainer on a tiny model: accumulation exactness, LLDS warning, non-finite guard,
+and a SIGKILL + resume that reproduces the uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import make_tiny_model
+from llds.train import trainer as trainer_mod
+from llds.train.config import load_config
+from llds.train.tracking import read_metrics
+from llds.train.trainer import GRPOTrainer, NonFiniteError
+
+BASE = [
+    "model.path=unused",
+    "data.train=unused",
+    "retriever.source=unused",
+    "data.prompt_template=Question: {question}\n",
+    "prompts_per_step=2",
+    "rollout.group_size=3",
+    "rollout.max_turns=1",
+    "rollout.max_turn_tokens=12",
+    "rollout.max_total_tokens=200",
+    "rollout.max_obs_tokens=40",
+    "optim.lr=1e-3",
+    "optim.mini_batches=2",
+    "logging.tensorboard=false",
+    "logging.progress=false",
+    "save_every=100",
+]
+
+
+def _trainer(tmp_path, world, tok, retriever, extra=(), seed=0):
+    cfg = load_config(None, [*BASE, f"run_dir={tmp_path}", *extra])
+    model = make_tiny_model(tok, seed=seed)
+    return GRPOTrainer(
+        cfg,
+        model=model,
+        tokenizer=tok,
+        retriever=retriever,
+        train_examples=world.train,
+        resume=False,
+    )
+
+
+def test_two_steps_log_metrics_and_checkpoint(
+    tmp_path, small_world, world_tokenizer, world_retriever
+):
+    tr = _trainer(tmp_path, small_world, world_tokenizer, world_retriever, ["steps=2"])
+    before = [p.detach().clone() for p in tr.model.parameters()]
+    rows = tr.train()
+    assert [r["step"] for r in rows] == [1, 2]
+    logged = read_metrics(tmp_path)
+    assert [r["step"] for r in logged] == [1, 2]
+    for key in (
+        "reward/mean",
+        "policy/entropy",
+        "policy/grad_norm",
+        "llds/penalized_token_frac",
+        "lld/logp_incorrect",
+        "time/rollout",
+        "rollout/valid_searches",
+    ):
+        assert key in logged[-1]
+    assert rows[0]["optim/updates"] == 2
+    assert any(not torch.equal(a, b) for a, b in zip(before, tr.model.parameters(), strict=True))
+    assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "step_000002"
+
+
+def test_micro_batching_does_not_change_the_gradient(
+    tmp_path, small_world, world_tokenizer, world_retriever
+):
+    """Accumulating over 1-row micro-batches must give the whole mini-batch's gradient."""
+    grads = []
+    for budget in (40, 100_000):  # one row per micro-batch vs the whole mini-batch at once
+        tr = _trainer(tmp_path / str(budget), small_world, world_tokenizer, world_retriever,
+                      ["steps=1", f"optim.micro_batch_tokens={budget}", "algo.llds.coef=0.5",
+                       "algo.kl_coef=0.1", "algo.entropy_coef=0.01"])
+        seen = []
+        tr.optimizer.register_step_pre_hook(
+            lambda opt, args, kwargs, seen=seen: seen.append(
+                [p.grad.detach().clone() for g in opt.param_groups for p in g["params"]]
+            )
+        )
+        tr.train()
+        grads.append(seen)
+    assert len(grads[0]) == len(grads[1]) == 2  # two mini-batches -> two optimizer steps
+    for step_a, step_b in zip(*grads, strict=True):
+        for a, b in zip(step_a, step_b, strict=True):
+            assert torch.allclose(a, b, rtol=1e-4, atol=1e-7)
+        assert any(a.abs().sum() > 0 for a in step_a)
+
+
+def test_warns_when_llds_cannot_act(
+    tmp_path, small_world, world_tokenizer, world_retriever, caplog
+):
+    with caplog.at_level(logging.WARNING, logger="llds.train"):
+        _trainer(tmp_path, small_world, world_tokenizer, world_retriever, ["optim.mini_batches=1"])
+    assert any("LLDS can never act" in r.message for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="llds.train"):
+        _trainer(tmp_path, small_world, world_tokenizer, world_retriever, ["optim.mini_batches=2"])
+    assert not any("LLDS can never act" in r.message for r in caplog.records)
+
+
+def test_nonfinite_updates_are_skipped_then_stop(
+    tmp_path, small_world, world_tokenizer, world_retriever, monkeypatch
+):
+    real = trainer_mod.policy_loss
+
+    def poisoned(*args, **kwargs):
+        loss, stats = real(*args, **kwargs)
+        return loss * float("nan"), stats
+
+    monkeypatch.setattr(trainer_mod, "policy_loss", poisoned)
+    tr = _trainer(
+        tmp_path,
+        small_world,
+        world_tokenizer,
+        world_retriever,
+        ["steps=2", "optim.max_nonfinite_in_a_row=2"],
+    )
+    before = [p.detach().clone() for p in tr.model.parameters()]
+    with pytest.raises(NonFiniteError, match="2 non-finite"):
+        tr.train()
+    assert tr.skipped_updates == 2
+    assert all(torch.equal(a, b) for a, b in zip(before, tr.model.parameters(), strict=True))
+
+
+# --------------------------------------------------------------------- kill and resume
+def _write_run_inputs(root: Path, world, tok) -> Path:
+    from llds.data.world import write_world
+    from llds.models.tiny import save_tiny
+
+    files = write_world(world, root / "world")
+    save_tiny(make_tiny_model(tok, seed=0), tok, root / "model")
+    cfg = {
+        "steps": 6,
+        "save_every": 2,
+        "seed": 3,
+        "prompts_per_step": 2,
+        "model": {"path": str(root / "model")},
+        "data": {"train": str(files["train"]), "prompt_template": "Question: {question}\n"},
+        "retriever": {"source": str(files["corpus"]), "topk": 2},
+        "rollout": {
+            "group_size": 3,
+            "max_turns": 1,
+            "max_turn_tokens": 12,
+            "max_total_tokens": 200,
+            "max_obs_tokens": 40,
+        },
+        "algo": {"kl_coef": 0.01},
+        "optim": {"lr": 1e-3, "mini_batches": 2},
+        "logging": {"tensorboard": False, "progress": False},
+    }
+    path = root / "cfg.yaml"
+    path.write_text(json.dumps(cfg))  # JSON is YAML
+    return path
+
+
+def _train_cmd(cfg: Path, run_dir: Path) -> list[str]:
+    return [sys.executable, "-m", "llds.cli", "train", "--config", str(cfg), f"run_dir={run_dir}"]
+
+
+def _comparable(rows):
+    return [
+        {k: v for k, v in r.items() if not k.startswith(("time/", "throughput/"))} for r in rows
+    ]
+
+
+@pytest.mark.slow
+def test_sigkill_and_resume_reproduces_uninterrupted_run(tmp_path, small_world, world_tokenizer):
+    cfg = _write_run_inputs(tmp_path, small_world, world_tokenizer)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    straight = tmp_path / "straight"
+    subprocess.run(_train_cmd(cfg, straight), check=True, env=env, capture_output=True, timeout=600)
+
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(
+        _train_cmd(cfg, killed), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    latest = killed / "checkpoints" / "latest"
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        if latest.is_file() and latest.read_text().strip() == "step_000002":
+            break
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL
+    assert len(read_metrics(killed)) < 6  # it really was interrupted
+
+    subprocess.run(_train_cmd(cfg, killed), check=True, env=env, capture_output=True, timeout=600)
+    a, b = _comparable(read_metrics(straight)), _comparable(read_metrics(killed))
+    assert [r["step"] for r in b] == [1, 2, 3, 4, 5, 6]
+    for ra, rb in zip(a, b, strict=True):
+        assert ra.keys() == rb.keys()
+        for k in ra:
+            va, vb = ra[k], rb[k]
+            if isinstance(va, float) and isinstance(vb, float):
+                assert vb == pytest.approx(va, abs=1e-6, rel=1e-6), (ra["step"], k)
+            else:
+                assert va == vb, (ra["step"], k)
