@@ -9,7 +9,7 @@ from typing import Protocol, runtime_checkable
 
 @dataclass(frozen=True)
 class Hit:
-    """One retrieved passage. `contents` is the Search-R1 form: a quoted title line, then the text."""
+    """One retrieved passage; `contents` is Search-R1's form: a quoted title line, then text."""
 
     id: str
     contents: str
