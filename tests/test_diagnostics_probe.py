@@ -1,0 +1,92 @@
+"""The one-step probe: weights come back untouched, and with SGD the measured displacement of
+each response matches the first-order prediction -lr * grad(L) . grad(log p_i)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from conftest import make_tiny_model, tag_happy
+from llds.algo import group_advantages, policy_loss
+from llds.data.example import QAExample
+from llds.diagnostics.probe import probe_group, run_probe, summarize
+from llds.env.prompts import build_prompt_ids
+from llds.rollout import RolloutConfig, RolloutEngine, RolloutRequest
+from llds.train.forward import response_log_probs
+
+TEMPLATE = "Question: {question}\n"
+CFG = RolloutConfig(
+    max_turns=1, max_turn_tokens=16, max_obs_tokens=32, max_total_tokens=200, topk=2
+)
+
+
+def _mixed_group(world, tok, retriever):
+    """Sample a group, then declare one sampled answer gold: the same seed reproduces the
+    group, which now has both correct and incorrect responses."""
+    model = tag_happy(make_tiny_model(tok, seed=7), tok, bias=5.0)
+    q = world.train[0]
+    ids = build_prompt_ids(tok, q.question, TEMPLATE)
+    engine = RolloutEngine(model, tok, retriever, CFG)
+    for seed in range(20):
+        reqs = [RolloutRequest(ids, q.id, q.id, ("zzz-none",)) for _ in range(6)]
+        batch = engine.generate(reqs, generator=torch.Generator().manual_seed(seed * 1_000_003))
+        answers = [e.answer for e in batch.episodes if e.answer and e.answer.strip()]
+        distinct = set(answers)
+        if answers and len(distinct) >= 1 and len(answers) < 6:
+            gold = answers[0]
+            reqs = [RolloutRequest(ids, q.id, q.id, (gold,)) for _ in range(6)]
+            batch = engine.generate(reqs, generator=torch.Generator().manual_seed(seed * 1_000_003))
+            ex = dataclasses.replace(q, answers=(gold,))
+            return model, batch, ex, seed
+    raise AssertionError("could not sample a mixed group")
+
+
+def test_probe_matches_first_order_prediction_and_restores_weights(
+    small_world, world_tokenizer, world_retriever
+):
+    model, batch, _, _ = _mixed_group(small_world, world_tokenizer, world_retriever)
+    assert 0 < int((batch.rewards > 0).sum()) < len(batch)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    lr = 1e-3
+    old, new = probe_group(model, batch, lr=lr, optimizer="sgd")
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+
+    # independent first-order prediction
+    params = [p for p in model.parameters() if p.requires_grad]
+    model.eval()
+    lp, _ = response_log_probs(model, batch)
+    adv = group_advantages(batch.rewards, batch.group_ids)
+    loss, _ = policy_loss(lp, lp.detach(), adv, batch.loss_mask)
+    g_loss = torch.autograd.grad(loss, params, retain_graph=True)
+    mask = batch.loss_mask
+    for i in range(len(batch)):
+        if not mask[i].any():
+            continue
+        g_i = torch.autograd.grad(lp[i][mask[i]].sum(), params, retain_graph=True)
+        predicted = -lr * sum((a * b).sum() for a, b in zip(g_loss, g_i, strict=True)).item()
+        measured = (new[i] - old[i])[mask[i]].sum().item()
+        assert abs(measured - predicted) <= 0.15 * abs(predicted) + 1e-5, (i, measured, predicted)
+
+
+def test_run_probe_reports_mixed_groups_only(small_world, world_tokenizer, world_retriever):
+    model, _, ex, seed = _mixed_group(small_world, world_tokenizer, world_retriever)
+    all_wrong = QAExample("w:never", ex.question, ("no such answer 123",), "w")
+    results = run_probe(
+        model,
+        world_tokenizer,
+        world_retriever,
+        [ex, all_wrong],
+        group_size=6,
+        rollout=CFG,
+        lr=1e-4,
+        seed=seed,
+        template=TEMPLATE,
+        progress=False,
+    )
+    assert [r.example_id for r in results] == [ex.id]
+    r = results[0]
+    assert r.n_correct + r.n_incorrect == 6 and r.n_correct > 0
+    s = summarize(results)
+    assert s["probed"] == 1 and s["lld_share"] in (0.0, 1.0)
