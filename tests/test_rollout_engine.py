@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
-from conftest import make_tiny_model, tag_happy
 
+from conftest import make_tiny_model, tag_happy
 from llds.env.actions import parse_action
 from llds.env.observation import information_block, invalid_action_message
 from llds.env.prompts import build_prompt_ids
@@ -149,3 +151,19 @@ def test_select_trims_padding(happy_batch):
         part = sub.input_ids[j][sub.attention_mask[j].bool()]
         assert torch.equal(full, part)
     assert sub.attention_mask[:, 0].any() and sub.attention_mask[:, -1].any()
+
+
+def test_seeded_rollouts_do_not_depend_on_batch_mates(
+    small_world, world_tokenizer, world_retriever
+):
+    model = tag_happy(make_tiny_model(world_tokenizer, seed=6), world_tokenizer)
+    base = _requests(small_world, world_tokenizer, n=6, group=2)
+    reqs = [dataclasses.replace(r, seed=100 + i) for i, r in enumerate(base)]
+    together, _ = _generate(model, world_tokenizer, world_retriever, reqs)
+    shuffled = [reqs[i] for i in (4, 1, 5, 0, 3, 2)]
+    chunked, _ = _generate(model, world_tokenizer, world_retriever, shuffled, max_rows=2)
+    by_seed = {r.seed: e.response_ids for r, e in zip(shuffled, chunked.episodes, strict=True)}
+    for r, e in zip(reqs, together.episodes, strict=True):
+        assert by_seed[r.seed] == e.response_ids
+    # and the samples really are random: different seeds, different rollouts
+    assert len({tuple(e.response_ids) for e in together.episodes}) > 1

@@ -36,6 +36,8 @@ class RolloutRequest:
     example_id: str
     group_id: str
     golds: tuple[str, ...]
+    seed: int | None = None
+    """own sampling stream: the rollout then does not depend on its batch-mates"""
 
 
 class RolloutEngine:
@@ -118,6 +120,7 @@ class RolloutEngine:
             for r in requests
         ]
         live = list(range(len(eps)))  # episode index of each batch row
+        row_gens = self._row_generators(requests)
         pending: list[list[int]] = [list(e.prompt_ids) for e in eps]  # not yet in the cache
         cache, cache_mask = None, None
 
@@ -139,20 +142,19 @@ class RolloutEngine:
             active = [b > 0 for b in budgets]
             ended_by_eos = [False] * len(live)
             while any(active):
-                # rows that already stopped may hold garbage logits: never let them reach sampling
-                logits = torch.where(
-                    torch.tensor(active, device=logits.device).unsqueeze(1), logits, 0.0
-                )
-                tokens = sample_next_token(
-                    logits,
-                    temperature=cfg.temperature,
-                    top_k=cfg.top_k,
-                    top_p=cfg.top_p,
+                # sample only rows still in their turn: a stopped row must not consume randomness
+                act = [r for r in range(len(live)) if active[r]]
+                picked = sample_next_token(
+                    logits[act], temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
                     generator=generator,
+                    row_generators=None if row_gens is None else [row_gens[live[r]] for r in act],
                 ).tolist()
+                tokens: list[int | None] = [None] * len(live)
+                for r, tok_id in zip(act, picked, strict=True):
+                    tokens[r] = tok_id
                 feed: list[int | None] = []
                 for row, tok in enumerate(tokens):
-                    if not active[row]:
+                    if tok is None:
                         feed.append(None)
                         continue
                     turn_ids[row].append(tok)
@@ -230,6 +232,16 @@ class RolloutEngine:
         for ep in eps:
             self._finish(ep)
         return eps
+
+    def _row_generators(self, requests: list[RolloutRequest]) -> list[torch.Generator] | None:
+        seeds = [r.seed for r in requests]
+        if all(s is None for s in seeds):
+            return None
+        if any(s is None for s in seeds):
+            raise ValueError("either every RolloutRequest has a seed or none has")
+        device = self._device()
+        gen_device = device if device.type == "cuda" else torch.device("cpu")
+        return [torch.Generator(device=gen_device).manual_seed(int(s)) for s in seeds]
 
     def _decode_step(self, feed: list[int | None], cache, cache_mask: Tensor):
         """Feed one token per row; rows that stopped get a masked pad so shapes stay aligned."""
