@@ -83,9 +83,19 @@ def test_micro_batching_does_not_change_the_gradient(
     """Accumulating over 1-row micro-batches must give the whole mini-batch's gradient."""
     grads = []
     for budget in (40, 100_000):  # one row per micro-batch vs the whole mini-batch at once
-        tr = _trainer(tmp_path / str(budget), small_world, world_tokenizer, world_retriever,
-                      ["steps=1", f"optim.micro_batch_tokens={budget}", "algo.llds.coef=0.5",
-                       "algo.kl_coef=0.1", "algo.entropy_coef=0.01"])
+        tr = _trainer(
+            tmp_path / str(budget),
+            small_world,
+            world_tokenizer,
+            world_retriever,
+            [
+                "steps=1",
+                f"optim.micro_batch_tokens={budget}",
+                "algo.llds.coef=0.5",
+                "algo.kl_coef=0.1",
+                "algo.entropy_coef=0.01",
+            ],
+        )
         seen = []
         tr.optimizer.register_step_pre_hook(
             lambda opt, args, kwargs, seen=seen: seen.append(
@@ -210,3 +220,69 @@ def test_sigkill_and_resume_reproduces_uninterrupted_run(tmp_path, small_world, 
                 assert vb == pytest.approx(va, abs=1e-6, rel=1e-6), (ra["step"], k)
             else:
                 assert va == vb, (ra["step"], k)
+
+
+# --------------------------------------------------------------------- alarm policies
+def _decay_alarm(step: int, since: int):
+    from llds.diagnostics.alarms import Alarm
+
+    return Alarm(
+        step,
+        "likelihood_decay",
+        "warning",
+        "correct-response likelihood fell",
+        {"since_step": since},
+    )
+
+
+def test_on_alarm_stop_saves_and_stops(tmp_path, small_world, world_tokenizer, world_retriever):
+    from llds.train.trainer import CollapseAlarmStop
+
+    tr = _trainer(
+        tmp_path,
+        small_world,
+        world_tokenizer,
+        world_retriever,
+        ["steps=2", "diagnostics.on_alarm=stop"],
+    )
+    tr.train()
+    with pytest.raises(CollapseAlarmStop, match="likelihood_decay"):
+        tr._on_alarms([_decay_alarm(2, 1)])
+    logged = (tmp_path / "alarms.jsonl").read_text().strip().splitlines()
+    assert json.loads(logged[-1])["action"] == "stop"
+
+
+def test_on_alarm_rollback_restores_and_turns_llds_on(
+    tmp_path, small_world, world_tokenizer, world_retriever
+):
+    tr = _trainer(
+        tmp_path,
+        small_world,
+        world_tokenizer,
+        world_retriever,
+        [
+            "steps=3",
+            "save_every=1",
+            "keep_checkpoints=5",
+            "diagnostics.on_alarm=rollback",
+            "algo.llds.enabled=false",
+            "diagnostics.rollback_llds_coef=0.3",
+        ],
+    )
+    tr.train(steps=1)
+    at_step1 = {k: v.clone() for k, v in tr.model.state_dict().items()}
+    tr.train(steps=2)
+    assert tr.step == 3
+    assert any(not torch.equal(v, at_step1[k]) for k, v in tr.model.state_dict().items())
+    tr._on_alarms([_decay_alarm(3, 1)])
+    assert tr.step == 1 and tr.rollbacks == 1
+    assert tr.cfg.algo.llds.enabled and tr.cfg.algo.llds.coef == 0.3
+    assert all(torch.equal(v, at_step1[k]) for k, v in tr.model.state_dict().items())
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1]
+    assert [r["step"] for r in read_metrics_file(tmp_path / "metrics.rollback1.jsonl")] == [1, 2, 3]
+    rows = tr.train(steps=1)  # training goes on from the restored state, LLDS now active
+    assert rows[0]["step"] == 2 and "llds/loss" in rows[0]
+
+
+def read_metrics_file(path):
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -20,6 +20,7 @@ def atomic_write(path: str | os.PathLike[str], mode: str = "w", **kwargs: Any) -
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes a private file; give it normal permissions
     try:
         with os.fdopen(fd, mode, **kwargs) as handle:
             yield handle
@@ -29,6 +30,12 @@ def atomic_write(path: str | os.PathLike[str], mode: str = "w", **kwargs: Any) -
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
 
 
 def write_json(path: str | os.PathLike[str], obj: Any, *, indent: int | None = 2) -> None:

@@ -60,9 +60,7 @@ class SFTResult:
         return sum(tail) / len(tail) if tail else float("nan")
 
 
-def _pad_batch(
-    episodes: Sequence[ExpertEpisode], pad_id: int
-) -> tuple[Tensor, Tensor, Tensor]:
+def _pad_batch(episodes: Sequence[ExpertEpisode], pad_id: int) -> tuple[Tensor, Tensor, Tensor]:
     """Right-pad to the longest row: `(input_ids, attention_mask, loss_mask)`, all `[B, L]`."""
     width = max(len(e) for e in episodes)
     ids = torch.full((len(episodes), width), pad_id, dtype=torch.long)
@@ -210,9 +208,16 @@ def _progress(enabled: bool):
     )
 
 
-def _check_args(episodes: Sequence[ExpertEpisode], lr: float, steps: int | None,
-                epochs: float | None, batch_size: int, micro_batch_tokens: int,
-                warmup: int, max_grad_norm: float) -> None:
+def _check_args(
+    episodes: Sequence[ExpertEpisode],
+    lr: float,
+    steps: int | None,
+    epochs: float | None,
+    batch_size: int,
+    micro_batch_tokens: int,
+    warmup: int,
+    max_grad_norm: float,
+) -> None:
     if not episodes:
         raise ConfigError("sft: no training trajectories (check --max-hops / --num-examples)")
     if (steps is None) == (epochs is None):
@@ -260,8 +265,7 @@ def sft_train(
     `sft_loss.png`, `sft_summary.json`, and (with `save`) the model and tokenizer in
     `out_dir/model`, written atomically.
     """
-    _check_args(episodes, lr, steps, epochs, batch_size, micro_batch_tokens, warmup,
-                max_grad_norm)
+    _check_args(episodes, lr, steps, epochs, batch_size, micro_batch_tokens, warmup, max_grad_norm)
     n = len(episodes)
     batch_size = min(batch_size, n)
     total = steps if steps is not None else max(1, math.ceil(epochs * math.ceil(n / batch_size)))
@@ -311,9 +315,14 @@ def sft_train(
                 losses.append(loss)
                 tokens.append(n_tokens)
                 if log is not None and ((step + 1) % log_every == 0 or step + 1 == total):
-                    row = {"step": step + 1, "loss": loss, "tokens": n_tokens,
-                           "lr": current_lr, "grad_norm": grad_norm,
-                           "elapsed_s": round(time.perf_counter() - start, 3)}
+                    row = {
+                        "step": step + 1,
+                        "loss": loss,
+                        "tokens": n_tokens,
+                        "lr": current_lr,
+                        "grad_norm": grad_norm,
+                        "elapsed_s": round(time.perf_counter() - start, 3),
+                    }
                     log.write(json.dumps(row) + "\n")
                     log.flush()
                 bar.update(task, advance=1, loss=f"{loss:.4f}")
@@ -327,9 +336,17 @@ def sft_train(
         plot_path = plot_losses(losses, out / PLOT_FILE)
         if save:
             model_dir = _save_model(model, tokenizer, out / MODEL_DIR)
-        write_json(out / "sft_summary.json", {
-            "steps": total, "episodes": n, "batch_size": batch_size, "lr": lr,
-            "initial_loss": losses[0], "final_loss": sum(losses[-5:]) / len(losses[-5:]),
-            "skipped_steps": skipped, "wall_s": round(wall, 2),
-        })
+        write_json(
+            out / "sft_summary.json",
+            {
+                "steps": total,
+                "episodes": n,
+                "batch_size": batch_size,
+                "lr": lr,
+                "initial_loss": losses[0],
+                "final_loss": sum(losses[-5:]) / len(losses[-5:]),
+                "skipped_steps": skipped,
+                "wall_s": round(wall, 2),
+            },
+        )
     return SFTResult(losses, tokens, total, wall, model_dir, metrics_path, plot_path, skipped)

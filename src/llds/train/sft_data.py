@@ -70,7 +70,11 @@ _FINAL_FROM_QUESTION = (
 
 # Everything the expert writes besides names: fit a small tokenizer on it too.
 EXPERT_PHRASES: tuple[str, ...] = (
-    *_FIRST_SEARCH, *_NEXT_SEARCH, *_FINAL_FROM_CHAIN, *_QUESTION_SEARCH, *_FINAL_FROM_QUESTION,
+    *_FIRST_SEARCH,
+    *_NEXT_SEARCH,
+    *_FINAL_FROM_CHAIN,
+    *_QUESTION_SEARCH,
+    *_FINAL_FROM_QUESTION,
 )
 
 
@@ -295,8 +299,14 @@ def build_expert_episode(
     if _chain(example) is None and not retrieval_contains_gold(hits[0], example.answers):
         return None
     return assemble_episode(
-        example, hits, tokenizer, template=template, chat=chat,
-        max_obs_tokens=max_obs_tokens, think=think, seed=seed,
+        example,
+        hits,
+        tokenizer,
+        template=template,
+        chat=chat,
+        max_obs_tokens=max_obs_tokens,
+        think=think,
+        seed=seed,
     )
 
 
@@ -343,8 +353,14 @@ def build_expert_episodes(
             stats.skipped_no_gold_in_retrieval += 1
             continue
         ep = assemble_episode(
-            ex, hits, tokenizer, template=template, chat=chat,
-            max_obs_tokens=max_obs_tokens, think=think, seed=seed,
+            ex,
+            hits,
+            tokenizer,
+            template=template,
+            chat=chat,
+            max_obs_tokens=max_obs_tokens,
+            think=think,
+            seed=seed,
         )
         episodes.append(ep)
         stats.kept_by_hops[ep.hops] = stats.kept_by_hops.get(ep.hops, 0) + 1

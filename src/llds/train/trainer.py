@@ -8,6 +8,7 @@ diagnostics -> metrics -> periodic atomic checkpoint.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -29,6 +30,7 @@ from llds.algo import (
     preserving_mask,
 )
 from llds.data.example import QAExample
+from llds.diagnostics.alarms import Alarm, AlarmMonitor, should_act
 from llds.diagnostics.likelihood import (
     displacement_metrics,
     likelihood_metrics,
@@ -46,15 +48,20 @@ from llds.train.checkpoint import (
 )
 from llds.train.config import TrainConfig
 from llds.train.configio import to_dict
+from llds.train.distributed import Dist
 from llds.train.forward import batched_log_probs, plan_micro_batches, response_log_probs
 from llds.train.setup import PromptStream, frozen_copy, load_model
-from llds.train.tracking import MetricsLogger
+from llds.train.tracking import MetricsLogger, read_metrics
 
 log = logging.getLogger("llds.train")
 
 
 class NonFiniteError(RuntimeError):
     """Too many non-finite losses or gradients in a row: the run stops instead of diverging."""
+
+
+class CollapseAlarmStop(RuntimeError):
+    """`diagnostics.on_alarm=stop` and an actionable collapse alarm fired."""
 
 
 def lr_lambda(schedule: str, warmup: int, total: int):
@@ -88,6 +95,12 @@ class GRPOTrainer:
         self.run_dir = Path(cfg.run_dir)
         self.ckpt_root = self.run_dir / "checkpoints"
         torch.manual_seed(cfg.seed)
+        self.dist = Dist()
+        if cfg.prompts_per_step % self.dist.world:
+            raise UserInputError(
+                f"prompts_per_step={cfg.prompts_per_step} must be divisible by the number of "
+                f"processes ({self.dist.world}) so that every rank gets whole groups"
+            )
         ckpt = latest_checkpoint(self.ckpt_root) if resume else None
 
         if model is None or tokenizer is None:
@@ -95,6 +108,10 @@ class GRPOTrainer:
         self.ref_model = frozen_copy(model) if cfg.algo.kl_coef > 0 else None
         if ckpt is not None:
             model, tokenizer = load_model(cfg.model, path=str(ckpt / "model"))
+        if self.dist.enabled:
+            model.to(self.dist.device)
+            if self.ref_model is not None:
+                self.ref_model.to(self.dist.device)
         self.model, self.tokenizer = model, tokenizer
         self.model.train()
 
@@ -151,6 +168,8 @@ class GRPOTrainer:
                 "Use optim.mini_batches > 1 (the paper takes 10 optimizer steps per rollout batch)."
             )
         self.logger: MetricsLogger | None = None
+        self.monitor = self._new_monitor()
+        self.rollbacks = 0
 
     # ------------------------------------------------------------------ loop
     def train(
@@ -159,15 +178,18 @@ class GRPOTrainer:
         """Run until `cfg.steps` (or `steps` more); returns this call's metric rows."""
         cfg = self.cfg
         target = cfg.steps if steps is None else self.step + steps
-        show = cfg.logging.progress if progress is None else progress
-        self.logger = MetricsLogger(
-            self.run_dir,
-            tensorboard=cfg.logging.tensorboard,
-            wandb=cfg.logging.wandb,
-            wandb_project=cfg.logging.wandb_project,
-            resume_step=self.step,
-            config=to_dict(cfg),
-        )
+        show = (cfg.logging.progress if progress is None else progress) and self.dist.is_main
+        if self.logger is not None:
+            self.logger.close()
+        if self.dist.is_main:
+            self.logger = MetricsLogger(
+                self.run_dir,
+                tensorboard=cfg.logging.tensorboard,
+                wandb=cfg.logging.wandb,
+                wandb_project=cfg.logging.wandb_project,
+                resume_step=self.step,
+                config=to_dict(cfg),
+            )
         rows: list[dict[str, Any]] = []
         try:
             from rich.progress import (
@@ -193,7 +215,8 @@ class GRPOTrainer:
                     rows.append(metrics)
                     bar.update(task, completed=self.step, description=_summary(metrics))
         finally:
-            self.logger.close()
+            if self.logger is not None:
+                self.logger.close()
         return rows
 
     def train_step(self) -> dict[str, Any]:
@@ -201,13 +224,21 @@ class GRPOTrainer:
         k = self.step
         t0 = time.perf_counter()
         examples = self.stream.take(k * cfg.prompts_per_step, cfg.prompts_per_step)
+        g = cfg.rollout.group_size
+        # this rank's questions, whole groups; every rollout has its own sampling stream, so the
+        # step's rollouts are the same on any number of processes
         requests = [
-            RolloutRequest(self._prompt_ids(ex), ex.id, f"{ex.id}@{k}:{j}", ex.answers)
-            for j, ex in enumerate(examples)
-            for _ in range(cfg.rollout.group_size)
+            RolloutRequest(
+                self._prompt_ids(examples[j]),
+                examples[j].id,
+                f"{examples[j].id}@{k}:{j}",
+                examples[j].answers,
+                seed=rollout_seed(cfg.seed, k, j * g + i),
+            )
+            for j in self.dist.shard(len(examples))
+            for i in range(g)
         ]
-        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + k)
-        batch = self.engine.generate(requests, generator=gen)
+        batch = self.engine.generate(requests)
         t_rollout = time.perf_counter() - t0
 
         adv = group_advantages(batch.rewards, batch.group_ids, normalize_std=cfg.algo.normalize_std)
@@ -248,14 +279,87 @@ class GRPOTrainer:
                 "time/step": time.perf_counter() - t0,
                 "throughput/rollout_tokens_per_s": model_tokens / max(t_rollout, 1e-9),
                 "lr": self.scheduler.get_last_lr()[0],
+                "dist/processes": self.dist.world,
             }
         )
+        metrics = self.dist.reduce_metrics(metrics, weight=len(batch))
         self.step += 1
-        assert self.logger is not None
-        self.logger.log(self.step, metrics)
+        alarms = self.monitor.update({"step": self.step, **metrics}) if self.monitor else []
+        metrics["alarms/count"] = len(alarms)
+        if self.monitor is not None:
+            metrics["phase"] = self.monitor.label.phase if self.monitor.label else "warmup"
+        if self.logger is not None:
+            self.logger.log(self.step, metrics)
         if self.step % cfg.save_every == 0 or self.step == cfg.steps:
             self.save()
-        return {"step": self.step, **metrics}
+        row = {"step": self.step, **metrics}
+        if alarms:
+            self._on_alarms(alarms)
+        return row
+
+    # ------------------------------------------------------------------ alarms
+    def _new_monitor(self) -> AlarmMonitor | None:
+        """A fresh monitor fed with the run's logged history (so resume does not reset it)."""
+        if not (self.cfg.diagnostics.enabled and self.cfg.diagnostics.alarms):
+            return None
+        monitor = AlarmMonitor()
+        for row in read_metrics(self.run_dir):
+            if row.get("step", 0) <= self.step:
+                monitor.update(row)
+        return monitor
+
+    def _on_alarms(self, alarms: list[Alarm]) -> None:
+        action = should_act(alarms, self.cfg.diagnostics.on_alarm)
+        for a in alarms:
+            log.warning("step %d: %s alarm (%s): %s", a.step, a.kind, a.severity, a.message)
+        if self.dist.is_main:
+            with (self.run_dir / "alarms.jsonl").open("a", encoding="utf-8") as f:
+                for a in alarms:
+                    f.write(json.dumps({**a.to_dict(), "action": action.kind}) + "\n")
+        if action.kind == "stop":
+            self.save()
+            raise CollapseAlarmStop(f"stopping at step {self.step}: {action.reason}")
+        if action.kind == "rollback":
+            self._rollback(action.rollback_before_step or self.step)
+
+    def _rollback(self, before_step: int) -> None:
+        """Reload the newest checkpoint at or before `before_step` and go on with LLDS on."""
+        candidates = sorted(
+            int(p.name.split("_")[1])
+            for p in self.ckpt_root.glob("step_*")
+            if p.is_dir() and int(p.name.split("_")[1]) <= before_step
+        )
+        if not candidates:
+            raise CollapseAlarmStop(
+                f"rollback requested to a step <= {before_step} but no such checkpoint is kept "
+                "(lower save_every or raise keep_checkpoints); stopping instead"
+            )
+        target = self.ckpt_root / f"step_{candidates[-1]:06d}"
+        if self.logger is not None:  # keep the evidence: the abandoned branch of the log
+            self.logger.close()
+            abandoned = self.run_dir / f"metrics.rollback{self.rollbacks + 1}.jsonl"
+            abandoned.write_text((self.run_dir / "metrics.jsonl").read_text(encoding="utf-8"))
+        model, _ = load_model(self.cfg.model, path=str(target / "model"))
+        self.model.load_state_dict(model.state_dict())
+        del model
+        state, blobs = load_training_state(target)
+        self.optimizer.load_state_dict(blobs["optimizer"])
+        self.scheduler.load_state_dict(blobs["scheduler"])
+        self.step = int(state["step"])
+        lc = self.cfg.algo.llds
+        lc.enabled = True
+        lc.coef = max(lc.coef, self.cfg.diagnostics.rollback_llds_coef)
+        self.rollbacks += 1
+        log.warning("rolled back to %s; continuing with LLDS on (coef %.3g)", target.name, lc.coef)
+        if self.dist.is_main:
+            c = self.cfg
+            self.logger = MetricsLogger(
+                self.run_dir,
+                tensorboard=c.logging.tensorboard,
+                wandb=False,
+                resume_step=self.step,
+            )
+        self.monitor = self._new_monitor()
 
     # ------------------------------------------------------------------ pieces
     def _prompt_ids(self, ex: QAExample) -> list[int]:
@@ -289,10 +393,14 @@ class GRPOTrainer:
         for _ in range(cfg.optim.epochs):
             order = torch.randperm(b, generator=gen).tolist()
             for mb in _split(order, cfg.optim.mini_batches):
+                # denominators over the GLOBAL mini-batch (all ranks), so summed gradients equal
+                # the single-process gradient
                 lm = batch.loss_mask[mb]
-                n_tok = lm.sum().clamp(min=1)
-                n_seq = lm.any(-1).sum().clamp(min=1)
-                n_pre = preserving_mask(adv[mb], lm).any(-1).sum().clamp(min=1)
+                n_tok = self.dist.sum(lm.sum()).float().clamp(min=1)
+                n_seq = self.dist.sum(lm.any(-1).sum()).float().clamp(min=1)
+                n_pre = (
+                    self.dist.sum(preserving_mask(adv[mb], lm).any(-1).sum()).float().clamp(min=1)
+                )
                 self.optimizer.zero_grad(set_to_none=True)
                 for micro in plan_micro_batches(batch, mb, cfg.optim.micro_batch_tokens):
                     sub = batch.select(micro)
@@ -318,7 +426,7 @@ class GRPOTrainer:
                         num_tokens=n_tok,
                     )
                     loss = pg
-                    share = float(mask.sum()) / float(n_tok)
+                    share = float(mask.sum()) / max(1.0, float(lm.sum()))  # local mean weights
                     acc["policy/pg_loss"] += float(pg.detach())
                     for key in ("clip_frac_low", "clip_frac_high", "approx_kl", "ratio_mean"):
                         acc[f"policy/{key}"] += float(st[key]) * share
@@ -359,6 +467,7 @@ class GRPOTrainer:
                         for key in ("gate_frac", "penalized_token_frac", "mean_penalty"):
                             acc[f"llds/{key}"] += float(lst[key]) * share
                     loss.backward()
+                self.dist.sum_grads(params)
                 norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip)
                 if not torch.isfinite(norm):
                     self.optimizer.zero_grad(set_to_none=True)
@@ -381,6 +490,9 @@ class GRPOTrainer:
                 n_updates += 1
         n_mb = cfg.optim.mini_batches * cfg.optim.epochs
         out = {key: val / n_mb for key, val in acc.items()}
+        for key in ("policy/pg_loss", "policy/kl", "llds/loss"):
+            if key in out:  # this rank's share of a global sum: the cross-rank mean restores it
+                out[key] *= self.dist.world
         out.update(maxes)
         out.update(mins)
         out["policy/grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
@@ -455,14 +567,18 @@ class GRPOTrainer:
             old_logp[rows, :w], new_logp, sub.loss_mask, sub.action_index, correct
         )
 
-    def save(self) -> Path:
+    def save(self) -> Path | None:
+        """Rank 0 writes the checkpoint; every rank waits for it to be complete."""
+        if not self.dist.is_main:
+            self.dist.barrier()
+            return None
         state = {
             "step": self.step,
             "nonfinite_in_a_row": self.nonfinite_in_a_row,
             "skipped_updates": self.skipped_updates,
             "config": to_dict(self.cfg),
         }
-        return save_checkpoint(
+        path = save_checkpoint(
             self.ckpt_root,
             self.step,
             model=self.model,
@@ -472,6 +588,13 @@ class GRPOTrainer:
             trainer_state=state,
             keep=self.cfg.keep_checkpoints,
         )
+        self.dist.barrier()
+        return path
+
+
+def rollout_seed(seed: int, step: int, row: int) -> int:
+    """A distinct 62-bit sampling seed per (run seed, step, global rollout index)."""
+    return ((seed * 1_000_003 + step) * 1_000_033 + row) % (1 << 62)
 
 
 def _split(order: list[int], parts: int) -> list[list[int]]:
@@ -481,7 +604,7 @@ def _split(order: list[int], parts: int) -> list[list[int]]:
         end = start + size + (1 if i < extra else 0)
         out.append(order[start:end])
         start = end
-    return [o for o in out if o]
+    return out  # possibly empty parts: every rank must take the same number of optimizer steps
 
 
 def _template_from(spec: str) -> PromptTemplate:

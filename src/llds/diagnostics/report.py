@@ -1,0 +1,287 @@
+"""Run report: one self-contained HTML page comparing training runs.
+
+Reads each run's `metrics.jsonl` (and `eval.json` when present), recomputes phases and alarms
+with the same detector the trainer uses, and writes `report.html` (figures embedded as base64)
+plus the PNGs and a machine-readable `report.json` next to it. Every file is written atomically.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from llds.diagnostics.alarms import Alarm, AlarmConfig, AlarmMonitor
+from llds.diagnostics.phases import PHASES, PhaseLabel, phase_spans
+from llds.diagnostics.plots import (
+    PHASE_COLORS,
+    PHASE_NAMES,
+    RUN_COLORS,
+    SEVERITY_COLORS,
+    RunSeries,
+    comparison_figure,
+    run_detail_figure,
+    timeline_figure,
+)
+from llds.diagnostics.robust import as_float, median
+from llds.errors import DataFormatError, UserInputError
+from llds.io import atomic_write, write_json
+from llds.train.tracking import METRICS_FILE, read_metrics
+
+EVAL_FILE = "eval.json"
+REPORT_FILE = "report.html"
+
+
+@dataclass(frozen=True)
+class RunData:
+    """One run, loaded and analysed."""
+
+    label: str
+    path: Path
+    rows: list[dict[str, Any]]
+    phases: list[PhaseLabel]
+    alarms: list[Alarm]
+    eval: dict[str, Any] | None
+
+
+def load_eval(run_dir: Path) -> dict[str, Any] | None:
+    """The run's eval.json, or None when it has not been evaluated."""
+    path = run_dir / EVAL_FILE
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise DataFormatError(f"{path}: not valid JSON ({exc})") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("overall", {}), dict):
+        raise DataFormatError(f"{path}: expected an object with an 'overall' object")
+    return data
+
+
+def load_run(run_dir: str | Path, label: str, config: AlarmConfig | None = None) -> RunData:
+    """Read a run directory and run the phase detector and alarms over its metrics."""
+    path = Path(run_dir)
+    if not path.is_dir():
+        raise UserInputError(f"run directory {path} does not exist")
+    if not (path / METRICS_FILE).is_file():
+        raise UserInputError(f"run directory {path} has no {METRICS_FILE}: is it a training run?")
+    rows = read_metrics(path)
+    if not rows:
+        raise UserInputError(f"{path / METRICS_FILE} has no complete rows yet")
+    for i, row in enumerate(rows, 1):
+        if not isinstance(row, dict):
+            raise DataFormatError(f"{path / METRICS_FILE}: row {i} is not a JSON object")
+    monitor = AlarmMonitor(config)
+    phases = []
+    for row in rows:
+        monitor.update(row)
+        assert monitor.label is not None
+        phases.append(monitor.label)
+    return RunData(label, path, rows, phases, monitor.alarms, load_eval(path))
+
+
+def default_labels(run_dirs: Sequence[Path]) -> list[str]:
+    """Directory names; parent/name where two runs share a name."""
+    names = [p.resolve().name or str(p) for p in run_dirs]
+    if len(set(names)) == len(names):
+        return names
+    return [f"{p.resolve().parent.name}/{p.resolve().name}" for p in run_dirs]
+
+
+def summarize(run: RunData) -> dict[str, Any]:
+    """The per-run summary row (JSON-friendly)."""
+    rewards = [v for v in (as_float(r.get("reward/mean")) for r in run.rows) if v is not None]
+    tail = rewards[-10:]
+    levels = [median(rewards[max(0, i - 4) : i + 1]) for i in range(len(rewards))]
+    serious = [a for a in run.alarms if a.severity != "info"]
+    collapse = next((p.step for p in run.phases if p.phase == "collapse"), None)
+    overall = (run.eval or {}).get("overall", {})
+    return {
+        "label": run.label,
+        "run_dir": str(run.path),
+        "steps": run.phases[-1].step if run.phases else 0,
+        "final_reward": sum(tail) / len(tail) if tail else None,
+        "peak_reward": max(levels) if levels else None,
+        "eval_em": as_float(overall.get("em")),
+        "eval_n": overall.get("n"),
+        "first_alarm_step": serious[0].step if serious else None,
+        "first_alarm_kind": serious[0].kind if serious else None,
+        "last_phase": run.phases[-1].phase if run.phases else None,
+        "collapsed": collapse is not None,
+        "collapse_step": collapse,
+        "phase_steps": {p: sum(1 for lab in run.phases if lab.phase == p) for p in PHASES},
+    }
+
+
+def _num(x: Any, digits: int = 3) -> str:
+    return "&mdash;" if x is None else f"{x:.{digits}f}"
+
+
+def _summary_table(summaries: Sequence[dict[str, Any]], colors: Sequence[str]) -> str:
+    head = (
+        "<tr><th>run</th><th>steps</th><th>final reward<br><small>mean of last 10</small></th>"
+        "<th>peak reward<br><small>5-step median</small></th><th>eval EM</th>"
+        "<th>first alarm</th><th>phase at last step</th><th>collapsed</th></tr>"
+    )
+    body = []
+    for s, color in zip(summaries, colors, strict=True):
+        alarm = (
+            f"step {s['first_alarm_step']}: {html.escape(s['first_alarm_kind'])}"
+            if s["first_alarm_step"] is not None
+            else "none"
+        )
+        phase = s["last_phase"] or "unknown"
+        collapsed = (
+            f'<span class="bad">yes, from step {s["collapse_step"]}</span>'
+            if s["collapsed"]
+            else '<span class="good">no</span>'
+        )
+        em = _num(s["eval_em"]) + (f" <small>(n={s['eval_n']})</small>" if s["eval_n"] else "")
+        body.append(
+            f'<tr><td><span class="swatch" style="background:{color}"></span>'
+            f"<b>{html.escape(s['label'])}</b></td><td>{s['steps']}</td>"
+            f"<td>{_num(s['final_reward'])}</td><td>{_num(s['peak_reward'])}</td>"
+            f"<td>{em}</td><td>{alarm}</td>"
+            f'<td><span class="phase" style="background:{PHASE_COLORS.get(phase, "#fff")}">'
+            f"{html.escape(PHASE_NAMES.get(phase, phase))}</span></td><td>{collapsed}</td></tr>"
+        )
+    return f"<table>{head}{''.join(body)}</table>"
+
+
+def _alarm_table(run: RunData) -> str:
+    if not run.alarms:
+        return "<p class='muted'>No alarms.</p>"
+    rows = "".join(
+        f"<tr><td>{a.step}</td><td>{html.escape(a.kind)}</td>"
+        f'<td style="color:{SEVERITY_COLORS[a.severity]}"><b>{a.severity}</b></td>'
+        f"<td>{html.escape(a.message)}</td></tr>"
+        for a in run.alarms
+    )
+    return (
+        "<table class='alarms'><tr><th>step</th><th>kind</th><th>severity</th>"
+        f"<th>message</th></tr>{rows}</table>"
+    )
+
+
+def _phase_spans_text(run: RunData) -> str:
+    parts = [
+        f"{a}&ndash;{b}: {PHASE_NAMES[p]}" if a != b else f"{a}: {PHASE_NAMES[p]}"
+        for a, b, p in phase_spans(run.phases)
+    ]
+    return "<p class='muted'>Phases: " + "; ".join(parts) + "</p>"
+
+
+def _img(name: str, png: bytes, alt: str) -> str:
+    data = base64.b64encode(png).decode("ascii")
+    return f'<img src="data:image/png;base64,{data}" alt="{html.escape(alt)}" title="{name}">'
+
+
+_CSS = """
+body{font-family:-apple-system,'Segoe UI',Helvetica,Arial,sans-serif;margin:24px auto;
+max-width:1400px;color:#222;padding:0 16px}
+h1{font-size:24px;margin-bottom:4px}h2{font-size:19px;margin-top:30px;
+border-bottom:1px solid #ddd;padding-bottom:4px}h3{font-size:16px;margin-bottom:6px}
+table{border-collapse:collapse;margin:8px 0;font-size:14px}
+th,td{border:1px solid #ddd;padding:5px 9px;text-align:left;vertical-align:top}
+th{background:#f5f5f5}img{max-width:100%;display:block;margin:8px 0}
+.swatch{display:inline-block;width:12px;height:12px;border-radius:2px;margin-right:6px}
+.phase{padding:1px 6px;border-radius:3px}.bad{color:#c51b1b;font-weight:bold}
+.good{color:#2a7a2a;font-weight:bold}.muted{color:#666;font-size:13px}
+table.alarms td:last-child{max-width:900px}
+dl{font-size:14px}dt{font-weight:bold;margin-top:6px}dd{margin-left:18px}
+"""
+
+_LEGEND = """
+<dl>
+<dt>warm-up</dt><dd>too few steps to judge trends.</dd>
+<dt>healthy</dt><dd>no sign of lazy likelihood displacement.</dd>
+<dt>stagnation</dt><dd>correct-response log-likelihood flat while reward rises.</dd>
+<dt>steady decay</dt><dd>correct-response log-likelihood falling for several steps while
+reward still rises or holds: the early warning of collapse.</dd>
+<dt>collapse</dt><dd>sharp likelihood drop and/or entropy, gradient-norm or likelihood-ratio
+spikes, with reward falling.</dd>
+</dl>
+"""
+
+
+def _slug(label: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "_", label).strip("_")[:40] or "run"
+
+
+def write_report(
+    run_dirs: Sequence[str | Path],
+    out_dir: str | Path,
+    labels: Sequence[str] | None = None,
+    config: AlarmConfig | None = None,
+) -> Path:
+    """Write the comparison report for `run_dirs` into `out_dir`; returns the HTML path."""
+    dirs = [Path(d) for d in run_dirs]
+    if not dirs:
+        raise UserInputError("no run directories given")
+    if labels is not None and len(labels) != len(dirs):
+        raise UserInputError(f"{len(labels)} labels given for {len(dirs)} run directories")
+    names = list(labels) if labels is not None else default_labels(dirs)
+    runs = [load_run(d, name, config) for d, name in zip(dirs, names, strict=True)]
+    colors = [RUN_COLORS[i % len(RUN_COLORS)] for i in range(len(runs))]
+    series = [
+        RunSeries(r.label, c, r.rows, r.phases, r.alarms) for r, c in zip(runs, colors, strict=True)
+    ]
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+
+    figures: list[tuple[str, bytes, str]] = [
+        ("timeline.png", timeline_figure(series), "phases and alarms per run"),
+        ("compare.png", comparison_figure(series), "metrics of all runs"),
+    ]
+    details = []
+    for i, s in enumerate(series):
+        name = f"run{i + 1}_{_slug(s.label)}.png"
+        figures.append((name, run_detail_figure(s), f"details of {s.label}"))
+        details.append(name)
+    for name, png, _ in figures:
+        with atomic_write(out / name, "wb") as f:
+            f.write(png)
+    imgs = {name: _img(name, png, alt) for name, png, alt in figures}
+
+    summaries = [summarize(r) for r in runs]
+    per_run = "".join(
+        f"<h3 style='color:{c}'>{html.escape(r.label)} "
+        f"<small class='muted'>{html.escape(str(r.path))}</small></h3>"
+        f"{imgs[d]}{_phase_spans_text(r)}{_alarm_table(r)}"
+        for r, c, d in zip(runs, colors, details, strict=True)
+    )
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    page = (
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+        f"<title>llds run report: {html.escape(', '.join(names))}</title>"
+        f"<style>{_CSS}</style></head><body>"
+        "<h1>llds run report</h1>"
+        f"<p class='muted'>{len(runs)} run(s), generated {stamp}. Phases and alarms are "
+        "recomputed from metrics.jsonl with the same detector the trainer runs online.</p>"
+        f"<h2>Summary</h2>{_summary_table(summaries, colors)}"
+        f"<h2>Phases and alarms</h2>{imgs['timeline.png']}{_LEGEND}"
+        "<h2>Training curves</h2><p class='muted'>Faint: raw per-step values; bold: light "
+        "moving average. Coloured strips at the bottom of each panel: non-healthy phases "
+        "(one strip per run, in run order); dotted lines: alarms.</p>"
+        f"{imgs['compare.png']}"
+        f"<h2>Runs</h2>{per_run}</body></html>"
+    )
+    write_json(
+        out / "report.json",
+        {
+            "runs": [
+                {**s, "alarms": [a.to_dict() for a in r.alarms]}
+                for s, r in zip(summaries, runs, strict=True)
+            ]
+        },
+    )
+    path = out / REPORT_FILE
+    with atomic_write(path, "w", encoding="utf-8") as f:
+        f.write(page)
+    return path

@@ -1,0 +1,547 @@
+"""LLDS and multi-turn search rollouts for TRL's `GRPOTrainer` (trl >= 1.16).
+
+Three pieces, usable separately:
+
+- `LLDSGRPOTrainer` + `LLDSGRPOConfig`: TRL's own GRPO loss plus `llds_coef * L_LLDS`, computed
+  from the tensors TRL already has: its per-token log-probs of the current policy, its
+  `old_per_token_logps`, its advantages and its loss mask (`completion_mask * tool_mask`, so
+  observation tokens are excluded and the action gate sees the right segments). LLDS statistics
+  (`llds/*`) and Lazy Likelihood Displacement metrics (`lld/*`) go to TRL's metrics.
+- `search_rollout_func(retriever)`: plugs the project's multi-turn search rollout engine into
+  TRL's (experimental) `rollout_func`, returning token ids, the environment mask (`env_mask`)
+  and per-rollout facts that reward functions receive as keyword arguments.
+- `search_r1_reward(...)`: a TRL reward function scoring the last `<answer>` of each rollout
+  against the dataset's gold answers (EM by default, optional format-aware reward).
+
+When does LLDS act? TRL recomputes `old_per_token_logps` only when a generation batch is used
+for more than one optimizer step (`num_iterations > 1`, or `steps_per_generation` larger than
+`gradient_accumulation_steps`); otherwise old == current and `d = 0`, so LLDS never acts. The
+trainer warns in that case (`llds_can_act`).
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+from trl import GRPOConfig, GRPOTrainer
+
+from llds.algo import GATES, LLDS_AGGREGATIONS, action_segments, answer_weight_schedule, llds_loss
+from llds.diagnostics.likelihood import displacement_metrics, likelihood_metrics
+from llds.env.rewards import FormatRewardConfig, compute_reward
+from llds.errors import ConfigError, DataFormatError
+from llds.retrieval.base import Retriever
+from llds.rollout import RolloutConfig, RolloutEngine, RolloutRequest
+
+log = logging.getLogger(__name__)
+
+INACTIVE_WARNING = (
+    "LLDS is enabled (llds_coef > 0) but every generation batch gets exactly one optimizer step "
+    "(gradient_accumulation_steps={ga} is a multiple of steps_per_generation x num_iterations = "
+    "{spg} x {it}): TRL then uses old log-probs == current log-probs, so d = 0 and LLDS can never "
+    "act. Set num_iterations > 1, or steps_per_generation > gradient_accumulation_steps (e.g. "
+    "gradient_accumulation_steps=1, steps_per_generation=4), so that later optimizer steps on the "
+    "same rollouts see a moved policy (the paper takes several optimizer steps per rollout batch)."
+)
+
+# Keys the trainer adds to TRL's per-batch input dict (shuffled and split along with TRL's own).
+REWARD_KEY = "llds_reward"
+SEARCHES_KEY = "llds_num_searches"
+ANSWER_MASK_KEY = "llds_answer_mask"
+ANSWER_WEIGHT_KEY = "llds_answer_weight"
+
+
+def llds_can_act(
+    gradient_accumulation_steps: int, steps_per_generation: int, num_iterations: int
+) -> bool:
+    """True when some optimizer step of a generation batch runs on an already-updated policy.
+
+    TRL generates every `steps_per_generation * num_iterations` micro-steps and steps the optimizer
+    every `gradient_accumulation_steps`; when the first divides the second, each generation batch
+    is consumed inside a single optimizer step (this is exactly when TRL skips recomputing
+    `old_per_token_logps`).
+    """
+    return gradient_accumulation_steps % (steps_per_generation * num_iterations) != 0
+
+
+@dataclass
+class LLDSGRPOConfig(GRPOConfig):
+    """`GRPOConfig` plus the LLDS settings (prefixed `llds_`; TRL's CLI parser shows them)."""
+
+    llds_coef: float = field(
+        default=0.2,
+        metadata={"help": "LLDS coefficient lambda (paper: 0.2; 0.3 for Qwen2.5-7B-Instruct). "
+                  "0 disables the penalty but keeps the LLD metrics."},
+    )
+    llds_gate: str = field(
+        default="action",
+        metadata={"help": "'action' (default, best in the paper), 'response' or 'token'."},
+    )
+    llds_aggregation: str = field(
+        default="seq-mean-token-mean",
+        metadata={"help": "'seq-mean-token-mean' (the paper's Eq. 4, per micro-batch) or "
+                  "'token-mean' (the authors' code; normalized like TRL's 'dapo' loss)."},
+    )
+    llds_mask_answer: bool = field(
+        default=False,
+        metadata={"help": "LLDS-MA: weight the final <answer> span by llds_answer_weight. Needs a "
+                  "rollout_func that returns 'answer_mask' (search_rollout_func does)."},
+    )
+    llds_answer_weight: float | None = field(
+        default=None,
+        metadata={"help": "LLDS-MA weight beta for answer tokens; None = the paper's schedule "
+                  "min(V / 2, 1), V = mean valid searches per rollout of the generation batch."},
+    )
+    llds_correct_threshold: float = field(
+        default=0.5,
+        metadata={"help": "A rollout counts as correct in the lld/* metrics when its total reward "
+                  "is >= this (0.5 separates right from wrong for EM and the Search-R1 format "
+                  "reward with its default scores)."},
+    )
+    llds_log_lld_metrics: bool = field(
+        default=True,
+        metadata={"help": "Log lld/* likelihood and displacement metrics from the loss tensors."},
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.llds_coef < 0:
+            raise ConfigError(f"llds_coef must be >= 0, got {self.llds_coef}")
+        if self.llds_gate not in GATES:
+            raise ConfigError(f"llds_gate must be one of {GATES}, got {self.llds_gate!r}")
+        if self.llds_aggregation not in LLDS_AGGREGATIONS:
+            raise ConfigError(
+                f"llds_aggregation must be one of {LLDS_AGGREGATIONS}, "
+                f"got {self.llds_aggregation!r}"
+            )
+        if self.llds_answer_weight is not None and self.llds_answer_weight < 0:
+            raise ConfigError(f"llds_answer_weight must be >= 0, got {self.llds_answer_weight}")
+
+
+def loss_mask_from_inputs(inputs: Mapping[str, Any]) -> Tensor:
+    """TRL's loss mask: `completion_mask`, times `tool_mask` (0 on tool/environment tokens)."""
+    mask = inputs["completion_mask"]
+    if inputs.get("tool_mask") is not None:
+        mask = mask * inputs["tool_mask"]
+    return mask.bool()
+
+
+def trl_llds_loss(
+    per_token_logps: Tensor,
+    inputs: Mapping[str, Any],
+    args: LLDSGRPOConfig,
+    *,
+    num_tokens: float | Tensor | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """`llds_loss` on the tensors of one TRL micro-batch.
+
+    `per_token_logps` is `[B, C]` log pi_theta of the completion tokens (with gradient) as TRL's
+    `_compute_loss` computes it; pi_old is TRL's `old_per_token_logps` when present, else the
+    detached current values (then d = 0: LLDS cannot act on this batch).
+    """
+    mask = loss_mask_from_inputs(inputs)
+    old = inputs.get("old_per_token_logps")
+    if old is None:
+        old = per_token_logps.detach()
+    answer_mask, answer_weight = None, 1.0
+    if args.llds_mask_answer and inputs.get(ANSWER_MASK_KEY) is not None:
+        answer_mask = inputs[ANSWER_MASK_KEY]
+        if args.llds_answer_weight is not None:
+            answer_weight = float(args.llds_answer_weight)
+        elif inputs.get(ANSWER_WEIGHT_KEY) is not None and inputs[ANSWER_WEIGHT_KEY].numel():
+            answer_weight = float(inputs[ANSWER_WEIGHT_KEY].reshape(-1)[0])
+    return llds_loss(
+        per_token_logps,
+        old,
+        inputs["advantages"],
+        mask,
+        coef=args.llds_coef,
+        gate=args.llds_gate,
+        answer_mask=answer_mask,
+        answer_weight=answer_weight,
+        aggregation=args.llds_aggregation,
+        num_tokens=num_tokens,
+    )
+
+
+class LLDSGRPOTrainer(GRPOTrainer):
+    """TRL's `GRPOTrainer` with the LLDS regularizer and LLD diagnostics.
+
+    The GRPO loss is TRL's, untouched; LLDS is added to it. The log-probs with gradient are the
+    ones TRL's `_compute_loss` computes (captured, not recomputed), so the regularizer costs no
+    extra forward pass. Use `LLDSGRPOConfig` (a `GRPOConfig` with `llds_*` fields); a plain
+    `GRPOConfig` gets the LLDS defaults.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if not isinstance(self.args, LLDSGRPOConfig):
+            raise ConfigError(
+                "LLDSGRPOTrainer needs args=LLDSGRPOConfig(...) (a GRPOConfig with llds_* fields)"
+            )
+        self._llds_capture: list[Tensor] | None = None
+        self._llds_extra: dict[str, Any] = {}
+        self._llds_rewards: Tensor | None = None
+        a = self.args
+        if a.llds_coef > 0 and not llds_can_act(
+            a.gradient_accumulation_steps, a.steps_per_generation, self.num_iterations
+        ):
+            message = INACTIVE_WARNING.format(
+                ga=a.gradient_accumulation_steps, spg=a.steps_per_generation, it=self.num_iterations
+            )
+            warnings.warn(message, UserWarning, stacklevel=2)
+            log.warning(message)
+
+    # ---------------------------------------------------------------- generation side
+    def _generate(self, prompts: list) -> tuple:
+        out = super()._generate(prompts)
+        # TRL returns (prompt_ids, completion_ids, tool_mask, completions, logprobs, extra_fields,
+        # images, tool_images); extra_fields are the rollout_func's fields besides env_mask.
+        extra = out[5] if len(out) > 5 and isinstance(out[5], dict) else {}
+        self._llds_extra = dict(extra)
+        return out
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._llds_rewards = rewards
+        return rewards
+
+    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        self._llds_extra, self._llds_rewards = {}, None
+        out = super()._generate_and_score_completions(inputs)
+        b, width = out["completion_ids"].shape
+        device = out["completion_ids"].device
+        if self._llds_rewards is not None:
+            per_func = self._llds_rewards.to(device)
+            total = (per_func * self.reward_weights.to(device).unsqueeze(0)).nansum(dim=1)
+            start = self.accelerator.process_index * b
+            out[REWARD_KEY] = total[start : start + b]
+        extra = self._llds_extra
+        if isinstance(extra.get("num_valid_searches"), list):
+            out[SEARCHES_KEY] = torch.tensor(
+                extra["num_valid_searches"], dtype=torch.long, device=device
+            )
+        if isinstance(extra.get("answer_mask"), list):
+            out[ANSWER_MASK_KEY] = _pad_rows(extra["answer_mask"], width, device)
+            if self.args.llds_mask_answer:
+                v = float(out[SEARCHES_KEY].float().mean()) if SEARCHES_KEY in out else 0.0
+                out[ANSWER_WEIGHT_KEY] = torch.full(
+                    (b,), answer_weight_schedule(v), dtype=torch.float32, device=device
+                )
+        return out
+
+    # ---------------------------------------------------------------- loss side
+    def _get_per_token_logps_and_entropies(self, *args: Any, **kwargs: Any):
+        out = super()._get_per_token_logps_and_entropies(*args, **kwargs)
+        if self._llds_capture is not None:
+            self._llds_capture.append(out[0])
+        return out
+
+    def _compute_loss(self, model, inputs):
+        self._llds_capture = []
+        try:
+            loss = super()._compute_loss(model, inputs)
+            captured = self._llds_capture
+        finally:
+            self._llds_capture = None
+        if len(captured) != 1:
+            raise RuntimeError(
+                f"expected TRL's loss to compute the policy log-probs once, saw {len(captured)}"
+            )
+        per_token_logps = captured[0]
+        mode = "train" if self.model.training else "eval"
+        term, stats = self._llds_term(per_token_logps, inputs, mode)
+        self._log_llds(mode, term, stats, per_token_logps, inputs)
+        return loss + term
+
+    def _llds_term(
+        self, per_token_logps: Tensor, inputs: Mapping[str, Any], mode: str
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """The LLDS term scaled for gradient accumulation the way TRL scales its own losses."""
+        a = self.args
+        accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1
+        if a.llds_aggregation == "token-mean":
+            # Same normalizer as TRL's 'dapo' loss: model tokens of one accumulation window.
+            tokens = inputs["num_items_in_batch"] / self.accelerator.num_processes
+            if mode == "train":
+                tokens = tokens * accumulation / a.steps_per_generation
+            term, stats = trl_llds_loss(per_token_logps, inputs, a, num_tokens=tokens)
+            return term, stats
+        term, stats = trl_llds_loss(per_token_logps, inputs, a)
+        return term / accumulation, stats
+
+    def _log_llds(
+        self,
+        mode: str,
+        term: Tensor,
+        stats: Mapping[str, Tensor],
+        per_token_logps: Tensor,
+        inputs: Mapping[str, Any],
+    ) -> None:
+        metrics = self._metrics[mode]
+        has_old = inputs.get("old_per_token_logps") is not None
+        local = {f"llds/{k}": v.detach().float() for k, v in stats.items()}
+        local["llds/loss"] = (self.args.llds_coef * stats["value"]).detach().float()
+        local["llds/active"] = torch.tensor(float(has_old), device=per_token_logps.device)
+        for name in sorted(local):  # same order on every rank: gather is collective
+            gathered = self.accelerator.gather(local[name].reshape(1).to(per_token_logps.device))
+            metrics[name].append(gathered.nanmean().item())
+        if not self.args.llds_log_lld_metrics or inputs.get(REWARD_KEY) is None:
+            return
+        for name, value in lld_metrics_from_inputs(
+            per_token_logps.detach(), inputs, self.args.llds_correct_threshold
+        ).items():
+            metrics[name].append(value)  # per process; key sets can differ between ranks
+
+
+def lld_metrics_from_inputs(
+    per_token_logps: Tensor, inputs: Mapping[str, Any], correct_threshold: float
+) -> dict[str, float]:
+    """LLD metrics of one micro-batch: likelihood of correct vs incorrect rollouts under pi_old
+    and, once the policy has moved (TRL provided old log-probs), their displacement."""
+    mask = loss_mask_from_inputs(inputs)
+    action_index, _ = action_segments(mask)
+    correct = inputs[REWARD_KEY] >= correct_threshold
+    searches = inputs.get(SEARCHES_KEY)
+    if searches is None:
+        searches = torch.zeros(mask.shape[0], dtype=torch.long, device=mask.device)
+    old = inputs.get("old_per_token_logps")
+    before = per_token_logps if old is None else old
+    out = likelihood_metrics(before, mask, action_index, correct, searches)
+    if old is not None:
+        out.update(displacement_metrics(old, per_token_logps, mask, action_index, correct))
+    return out
+
+
+def _pad_rows(rows: Sequence[Sequence[int]], width: int, device: torch.device) -> Tensor:
+    out = torch.zeros((len(rows), width), dtype=torch.bool, device=device)
+    for i, row in enumerate(rows):
+        n = min(len(row), width)
+        if n:
+            out[i, :n] = torch.tensor(list(row[:n]), dtype=torch.bool, device=device)
+    return out
+
+
+# ------------------------------------------------------------------------- rollout_func
+
+
+def prompt_token_ids(tokenizer: Any, prompt: str | Sequence[Mapping[str, Any]]) -> list[int]:
+    """Token ids of one dataset prompt: raw text, or chat messages (Search-R1's `prompt` column).
+
+    Messages go through the tokenizer's chat template (with the generation prompt); a tokenizer
+    without one (base models) gets the messages' contents joined by newlines as raw text.
+    """
+    if isinstance(prompt, str):
+        text, special = prompt, True
+    elif isinstance(prompt, Sequence) and all(isinstance(m, Mapping) for m in prompt):
+        messages = [dict(m) for m in prompt]
+        if getattr(tokenizer, "chat_template", None):
+            text = tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=True
+            )
+            special = False
+        else:
+            text, special = "\n".join(str(m.get("content", "")) for m in messages), True
+    else:
+        raise DataFormatError(
+            f"prompt must be a string or a list of chat messages, got {type(prompt).__name__}"
+        )
+    ids = list(tokenizer.encode(text, add_special_tokens=special))
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if bos is not None and len(ids) >= 2 and ids[0] == ids[1] == bos:
+        ids = ids[1:]
+    return ids
+
+
+RolloutFunc = Callable[[list, Any], dict[str, Any]]
+
+
+def search_rollout_func(
+    retriever: Retriever,
+    config: RolloutConfig | None = None,
+    *,
+    generator: torch.Generator | None = None,
+) -> RolloutFunc:
+    """A TRL `rollout_func` running Search-R1 multi-turn rollouts with `RolloutEngine`.
+
+    TRL hands it the per-process prompts, already repeated `num_generations` times (one rollout
+    per entry, consecutive entries form a group). It returns:
+    `prompt_ids`, `completion_ids` (model turns and observations, the exact sampled ids),
+    `logprobs=None` (TRL recomputes log-probs itself), `env_mask` (1 = model token, 0 =
+    observation; TRL multiplies it into its loss mask) and, forwarded to reward functions:
+    `response_text`, `answer_mask`, `num_valid_searches`, `num_turns`, `num_invalid`.
+
+    Generation uses the training model through the project's engine (KV cache kept across turns),
+    not vLLM. `config` defaults to `RolloutConfig` with TRL's temperature / top_p / top_k.
+    Rewards are computed by a reward function (see `search_r1_reward`), which receives the
+    dataset's gold answers.
+    """
+    state: dict[str, Any] = {"engine": None, "config": None, "calls": 0}
+
+    def rollout(prompts: list, trainer: Any) -> dict[str, Any]:
+        if getattr(trainer, "use_vllm", False) and getattr(
+            trainer.args, "vllm_importance_sampling_correction", False
+        ):
+            raise ConfigError(
+                "search_rollout_func generates with the training model and returns no sampler "
+                "log-probs: set use_vllm=False (or vllm_importance_sampling_correction=False)"
+            )
+        tokenizer = trainer.processing_class
+        if state["config"] is None:
+            state["config"] = config or _config_from_trainer(trainer.args)
+        cfg = state["config"]
+        training = trainer.model.training
+        group = trainer.num_generations if training else trainer.num_generations_eval
+        call = state["calls"]
+        state["calls"] += 1
+        requests = [
+            RolloutRequest(
+                prompt_ids=prompt_token_ids(tokenizer, p),
+                example_id=f"{call}-{i}",
+                group_id=f"{call}-{i // max(group, 1)}",
+                golds=("",),  # scored by the reward function, which sees the dataset's answers
+            )
+            for i, p in enumerate(prompts)
+        ]
+        with _generation_model(trainer) as model:
+            engine = state["engine"]
+            if engine is None or engine.model is not model or engine.config is not cfg:
+                engine = RolloutEngine(model, tokenizer, retriever, cfg)
+                state["engine"] = engine
+            batch = engine.generate(requests, generator=generator)
+        eps = batch.episodes
+        completion_ids, env_mask, answer_mask = [], [], []
+        for e in eps:
+            ids, mask, ans = list(e.response_ids), list(e.action_mask), list(e.answer_mask)
+            if not ids:  # keep TRL's padding well defined: one masked-out end token
+                ids, mask, ans = [engine.pad_id], [0], [0]
+            completion_ids.append(ids)
+            env_mask.append(mask)
+            answer_mask.append(ans)
+        return {
+            "prompt_ids": [list(e.prompt_ids) for e in eps],
+            "completion_ids": completion_ids,
+            "logprobs": None,
+            "env_mask": env_mask,
+            "answer_mask": answer_mask,
+            "response_text": [e.response_text for e in eps],
+            "num_valid_searches": [e.num_valid_searches for e in eps],
+            "num_turns": [e.num_turns for e in eps],
+            "num_invalid": [e.num_invalid for e in eps],
+        }
+
+    return rollout
+
+
+def _config_from_trainer(args: Any) -> RolloutConfig:
+    return RolloutConfig(
+        temperature=float(getattr(args, "temperature", 1.0)),
+        top_p=float(getattr(args, "top_p", 1.0)),
+        top_k=int(getattr(args, "top_k", 0) or 0),
+    )
+
+
+def _generation_model(trainer: Any):
+    """Context manager: the unwrapped model (ZeRO-3 parameters gathered when TRL would)."""
+    from trl.models import unwrap_model_for_generation
+
+    return unwrap_model_for_generation(
+        trainer.model_wrapped,
+        trainer.accelerator,
+        gather_deepspeed3_params=getattr(trainer.args, "ds3_gather_for_generation", True),
+    )
+
+
+# ------------------------------------------------------------------------- reward
+
+
+def gold_answers(value: Any) -> tuple[str, ...]:
+    """Gold answers from a dataset cell: a string, a list of strings, or Search-R1's
+    `reward_model` dict (`{"ground_truth": {"target": [...]}}`)."""
+    if isinstance(value, Mapping):
+        truth = value.get("ground_truth", value)
+        value = truth.get("target") if isinstance(truth, Mapping) else truth
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, Sequence) or hasattr(value, "tolist"):
+        items = value.tolist() if hasattr(value, "tolist") else list(value)
+        if items and all(isinstance(v, str) for v in items):
+            return tuple(items)
+    raise DataFormatError(f"gold answers must be a string or a list of strings, got {value!r}")
+
+
+def search_r1_reward(
+    answers_field: str = "golden_answers",
+    *,
+    metric: str = "em",
+    format_reward: FormatRewardConfig | None = None,
+) -> Callable[..., list[float]]:
+    """A TRL reward function: the metric of each rollout's last `<answer>` vs the gold answers.
+
+    Scores the rollout text returned by `search_rollout_func` (`response_text`; observations are
+    ignored when extracting the answer) or, without it, TRL's decoded completion. Gold answers
+    come from the dataset column `answers_field` (`golden_answers` in FlashRAG data,
+    `reward_model` in Search-R1 parquet files).
+    """
+
+    def reward(completions: list, response_text: list[str] | None = None, **kwargs: Any):
+        if answers_field not in kwargs:
+            columns = sorted(k for k in kwargs if k not in ("trainer_state", "log_extra",
+                                                             "log_metric"))
+            raise DataFormatError(
+                f"reward: the dataset has no column {answers_field!r} with gold answers "
+                f"(columns: {', '.join(columns)})"
+            )
+        texts = response_text if response_text is not None else [_text(c) for c in completions]
+        return [
+            compute_reward(t, gold_answers(g), metric=metric, format_config=format_reward).reward
+            for t, g in zip(texts, kwargs[answers_field], strict=True)
+        ]
+
+    reward.__name__ = f"search_r1_{metric}"
+    return reward
+
+
+def _text(completion: Any) -> str:
+    if isinstance(completion, str):
+        return completion
+    return "".join(str(m.get("content", "")) for m in completion if isinstance(m, Mapping))
+
+
+def search_r1_rows(
+    examples: Sequence[Any], template: Any = None, *, chat: bool = False
+) -> list[dict[str, Any]]:
+    """Dataset rows for TRL from `QAExample`s: `prompt` (text, or one user message with
+    `chat=True`), `golden_answers` and `id`; wrap with `datasets.Dataset.from_list`."""
+    from llds.env.prompts import PromptTemplate
+
+    tmpl = template if isinstance(template, PromptTemplate) else (
+        PromptTemplate.default() if template is None else PromptTemplate(template)
+    )
+    rows = []
+    for ex in examples:
+        text = tmpl.render(ex.question)
+        prompt: Any = [{"role": "user", "content": text}] if chat else text
+        rows.append({"prompt": prompt, "golden_answers": list(ex.answers), "id": ex.id})
+    return rows
+
+
+__all__ = [
+    "INACTIVE_WARNING",
+    "LLDSGRPOConfig",
+    "LLDSGRPOTrainer",
+    "gold_answers",
+    "lld_metrics_from_inputs",
+    "llds_can_act",
+    "loss_mask_from_inputs",
+    "prompt_token_ids",
+    "search_r1_reward",
+    "search_r1_rows",
+    "search_rollout_func",
+    "trl_llds_loss",
+]

@@ -1,0 +1,294 @@
+"""LLDS as a veRL policy loss (veRL >= 0.9), registered through veRL's own registry.
+
+The registered loss (default name ``"llds"``) is the base policy loss that veRL would use anyway
+(its registered ``"vanilla"`` PPO clip loss unless configured otherwise) plus
+`llds_coef * L_LLDS`, computed on veRL's `response_mask`. veRL's multi-turn agent loop sets the
+mask to 0 on tool-response tokens, so observations are excluded and the action gate sees the
+model's actions as maximal runs of mask = 1.
+
+Configuration lives in the actor's `policy_loss` block. veRL builds that block into a strict
+dataclass, so the LLDS keys need our subclass as its `_target_`:
+
+    actor_rollout_ref.actor.policy_loss._target_=llds.integrations.verl.LLDSPolicyLossConfig
+    actor_rollout_ref.actor.policy_loss.loss_mode=llds
+    +actor_rollout_ref.actor.policy_loss.llds_coef=0.2
+    +actor_rollout_ref.actor.policy_loss.llds_gate=action
+    +actor_rollout_ref.actor.policy_loss.llds_aggregation=token-mean
+    +actor_rollout_ref.actor.policy_loss.llds_base_loss_mode=vanilla
+
+Building that config (veRL does it in every actor worker) also registers the loss, so no
+plugin or extra import is needed. Elsewhere, call `register()` once.
+
+This module imports veRL only inside `register()` / `LLDSPolicyLossConfig`; the pure function
+`verl_llds_policy_loss` runs without veRL (then with the project's own PPO clip loss, which has
+the same semantics as veRL's vanilla loss).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from torch import Tensor
+
+from llds.algo import GATES, LLDS_AGGREGATIONS, llds_loss, policy_loss
+from llds.errors import ConfigError
+
+LOSS_NAME = "llds"
+CONFIG_TARGET = "llds.integrations.verl.LLDSPolicyLossConfig"
+DEFAULT_AGGREGATION = "token-mean"
+
+
+@dataclass(frozen=True)
+class VerlLLDSSettings:
+    """LLDS keys of `actor.policy_loss`.
+
+    `aggregation` defaults to ``token-mean``: the authors' implementation (itself on veRL) and
+    exact under veRL's global-batch normalization. ``seq-mean-token-mean`` (the paper's Eq. 4)
+    is exact within one micro-batch; with veRL's global batch info its denominator becomes the
+    number of sequences of the mini-batch (veRL does not expose the global number of
+    non-negative-advantage sequences), which rescales the penalty by |Y_pre| / |Y|.
+    """
+
+    coef: float = 0.2
+    gate: str = "action"
+    aggregation: str = DEFAULT_AGGREGATION
+    base_loss_mode: str = "vanilla"
+
+    def __post_init__(self) -> None:
+        if self.coef < 0:
+            raise ConfigError(f"policy_loss.llds_coef must be >= 0, got {self.coef}")
+        if self.gate not in GATES:
+            raise ConfigError(f"policy_loss.llds_gate must be one of {GATES}, got {self.gate!r}")
+        if self.aggregation not in LLDS_AGGREGATIONS:
+            raise ConfigError(
+                f"policy_loss.llds_aggregation must be one of {LLDS_AGGREGATIONS}, "
+                f"got {self.aggregation!r}"
+            )
+        if self.base_loss_mode == LOSS_NAME:
+            raise ConfigError(
+                f"policy_loss.llds_base_loss_mode cannot be {LOSS_NAME!r} itself (use 'vanilla')"
+            )
+
+
+def _get(obj: Any, key: str, default: Any = None) -> Any:
+    """Read `key` from a dataclass config, an OmegaConf node or a plain dict."""
+    if obj is None:
+        return default
+    value = obj.get(key, default) if isinstance(obj, Mapping) else getattr(obj, key, default)
+    return default if value is None else value
+
+
+def llds_settings(config: Any) -> VerlLLDSSettings:
+    """The LLDS settings from an actor config (`config.policy_loss.llds_*`)."""
+    pl = _get(config, "policy_loss")
+    d = VerlLLDSSettings()
+    return VerlLLDSSettings(
+        coef=float(_get(pl, "llds_coef", d.coef)),
+        gate=str(_get(pl, "llds_gate", d.gate)),
+        aggregation=str(_get(pl, "llds_aggregation", d.aggregation)),
+        base_loss_mode=str(_get(pl, "llds_base_loss_mode", d.base_loss_mode)),
+    )
+
+
+def _batch_info(config: Any) -> dict[str, Any]:
+    info = _get(config, "global_batch_info", {}) or {}
+    return dict(info) if isinstance(info, Mapping) else {}
+
+
+def _llds_denominators(
+    info: Mapping[str, Any], aggregation: str
+) -> tuple[float | None, float | None]:
+    """(num_sequences, num_tokens) per data-parallel rank, so that veRL's sum over micro-batches
+    and mean over ranks gives the global-batch value (the same convention as veRL's agg_loss)."""
+    dp = float(info.get("dp_size") or 1)
+    if aggregation == "token-mean" and info.get("batch_num_tokens") is not None:
+        return None, float(info["batch_num_tokens"]) / dp
+    if aggregation == "seq-mean-token-mean" and info.get("global_batch_size") is not None:
+        return float(info["global_batch_size"]) / dp, None
+    return None, None
+
+
+def _verl_loss_fn(name: str) -> Callable[..., tuple[Tensor, dict[str, Any]]] | None:
+    """veRL's registered policy loss `name`, or None when veRL is not installed."""
+    try:
+        core_algos = importlib.import_module("verl.trainer.ppo.core_algos")
+    except ImportError:
+        return None
+    return core_algos.get_policy_loss_fn(name)
+
+
+def reference_vanilla_loss(
+    old_log_prob: Tensor,
+    log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    loss_agg_mode: str = "token-mean",
+    config: Any = None,
+    rollout_is_weights: Tensor | None = None,
+) -> tuple[Tensor, dict[str, Any]]:
+    """veRL's vanilla PPO semantics on the project's `policy_loss` (used when veRL is absent):
+    clip range `clip_ratio[_low|_high]`, dual clip `clip_ratio_c` (default 3) on negative
+    advantages, aggregation `loss_agg_mode` normalized by veRL's `global_batch_info`."""
+    if rollout_is_weights is not None:
+        raise ConfigError("rollout_is_weights needs veRL's own vanilla loss (install veRL)")
+    clip = float(_get(config, "clip_ratio", 0.2))
+    info = _batch_info(config)
+    dp = float(info.get("dp_size") or 1)
+    num_tokens = num_sequences = None
+    if info.get("batch_num_tokens") is not None:
+        num_tokens = float(info["batch_num_tokens"]) / dp
+    if info.get("global_batch_size") is not None:
+        num_sequences = float(info["global_batch_size"]) / dp
+    scale = info.get("loss_scale_factor")
+    loss, stats = policy_loss(
+        log_prob,
+        old_log_prob,
+        advantages,
+        response_mask,
+        clip_low=float(_get(config, "clip_ratio_low", clip)),
+        clip_high=float(_get(config, "clip_ratio_high", clip)),
+        dual_clip=float(_get(config, "clip_ratio_c", 3.0)),
+        aggregation=loss_agg_mode,
+        num_tokens=num_tokens,
+        num_sequences=num_sequences,
+        norm_length=None if scale is None else float(scale),
+    )
+    metrics = {
+        "actor/ppo_kl": float(stats["approx_kl"]),
+        "actor/pg_clipfrac": float(stats["clip_frac_low"] + stats["clip_frac_high"]),
+    }
+    return loss, metrics
+
+
+def verl_llds_policy_loss(
+    old_log_prob: Tensor,
+    log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    loss_agg_mode: str = "token-mean",
+    config: Any = None,
+    rollout_is_weights: Tensor | None = None,
+) -> tuple[Tensor, dict[str, Any]]:
+    """A veRL policy loss: the base loss (veRL's registered `llds_base_loss_mode`, default
+    ``vanilla``) plus the LLDS penalty on `response_mask`.
+
+    Same signature and return convention as veRL's registered losses: tensors are
+    `[batch, response_length]`, `config` is the actor config, and the result is
+    `(loss, {metric_name: float})`. LLDS uses `old_log_prob` as pi_old: veRL recomputes it with
+    the actor before the first update of each batch (`d = 0` on the first mini-batch, so LLDS
+    acts when `ppo_mini_batch_size < train_batch_size` or `ppo_epochs > 1`).
+    """
+    settings = llds_settings(config)
+    base = _verl_loss_fn(settings.base_loss_mode)
+    if base is None:
+        if settings.base_loss_mode != "vanilla":
+            raise ConfigError(
+                f"policy_loss.llds_base_loss_mode={settings.base_loss_mode!r} needs veRL installed"
+            )
+        base = reference_vanilla_loss
+    pg_loss, metrics = base(
+        old_log_prob=old_log_prob,
+        log_prob=log_prob,
+        advantages=advantages,
+        response_mask=response_mask,
+        loss_agg_mode=loss_agg_mode,
+        config=config,
+        rollout_is_weights=rollout_is_weights,
+    )
+    num_sequences, num_tokens = _llds_denominators(_batch_info(config), settings.aggregation)
+    penalty, stats = llds_loss(
+        log_prob,
+        old_log_prob,
+        advantages,
+        response_mask,
+        coef=settings.coef,
+        gate=settings.gate,
+        aggregation=settings.aggregation,
+        num_sequences=num_sequences,
+        num_tokens=num_tokens,
+    )
+    out = dict(metrics)
+    out["actor/llds_loss"] = float(penalty.detach())
+    for key, value in stats.items():
+        out[f"actor/llds_{key}"] = float(value)
+    return pg_loss + penalty, out
+
+
+def register(name: str = LOSS_NAME) -> Callable[..., tuple[Tensor, dict[str, Any]]]:
+    """Register `verl_llds_policy_loss` in veRL's policy-loss registry under `name`.
+
+    Idempotent. Raises `ConfigError` when veRL is not installed.
+    """
+    try:
+        core_algos = importlib.import_module("verl.trainer.ppo.core_algos")
+    except ImportError as exc:
+        message = f"registering the LLDS loss needs veRL (pip install verl): {exc}"
+        raise ConfigError(message) from None
+    registry = getattr(core_algos, "POLICY_LOSS_REGISTRY", {})
+    if registry.get(name) is not verl_llds_policy_loss:
+        core_algos.register_policy_loss(name)(verl_llds_policy_loss)
+    return verl_llds_policy_loss
+
+
+_CONFIG_CLASS: type | None = None
+
+
+def _policy_loss_config_class() -> type:
+    """veRL's `PolicyLossConfig` plus the `llds_*` keys; building one registers the loss."""
+    global _CONFIG_CLASS
+    if _CONFIG_CLASS is not None:
+        return _CONFIG_CLASS
+    try:
+        from verl.workers.config import PolicyLossConfig
+    except ImportError as exc:
+        raise ConfigError(f"LLDSPolicyLossConfig needs veRL (pip install verl): {exc}") from None
+
+    @dataclass
+    class LLDSPolicyLossConfig(PolicyLossConfig):
+        llds_coef: float = VerlLLDSSettings.coef
+        llds_gate: str = VerlLLDSSettings.gate
+        llds_aggregation: str = VerlLLDSSettings.aggregation
+        llds_base_loss_mode: str = VerlLLDSSettings.base_loss_mode
+
+        def __post_init__(self) -> None:
+            parent = getattr(super(), "__post_init__", None)
+            if parent is not None:
+                parent()
+            llds_settings({"policy_loss": self})  # validate the keys early, with their names
+            register()
+
+    # Importable as llds.integrations.verl.LLDSPolicyLossConfig (Hydra targets, pickling).
+    LLDSPolicyLossConfig.__module__ = __name__
+    LLDSPolicyLossConfig.__qualname__ = "LLDSPolicyLossConfig"
+    _CONFIG_CLASS = LLDSPolicyLossConfig
+    return LLDSPolicyLossConfig
+
+
+def __getattr__(name: str) -> Any:
+    if name == "LLDSPolicyLossConfig":
+        return _policy_loss_config_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _register_if_verl_loaded() -> None:
+    """Importing this module inside a veRL process (e.g. via VERL_USE_EXTERNAL_MODULES or
+    `actor_rollout_ref.model.external_lib`) registers the loss; otherwise nothing happens."""
+    if "verl.trainer.ppo.core_algos" in sys.modules:
+        register()
+
+
+_register_if_verl_loaded()
+
+__all__ = [
+    "CONFIG_TARGET",
+    "LOSS_NAME",
+    "VerlLLDSSettings",
+    "llds_settings",
+    "reference_vanilla_loss",
+    "register",
+    "verl_llds_policy_loss",
+]

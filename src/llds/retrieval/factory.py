@@ -1,0 +1,77 @@
+"""`open_retriever(spec)`: one entry point for every way of naming a retriever."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from llds.errors import UserInputError
+from llds.retrieval.base import Retriever
+from llds.retrieval.manifest import is_index_dir, read_meta
+
+
+def build_retriever(
+    passages: Any, *, method: str = "bm25", model_dir: str | None = None,
+    show_progress: bool = True,
+) -> Retriever:
+    """Build an in-process backend over `passages` (an iterable of pairs or corpus dicts)."""
+    if method == "bm25":
+        from llds.retrieval.bm25 import BM25Retriever
+
+        return BM25Retriever.build(passages, show_progress=show_progress)
+    if method == "dense":
+        from llds.retrieval.dense import DenseRetriever
+
+        return DenseRetriever.build(passages, model_dir, show_progress=show_progress)
+    raise UserInputError(f"unknown retrieval method {method!r}; choose 'bm25' or 'dense'")
+
+
+def load_index(directory: str | os.PathLike[str], *, mmap: bool = True,
+               model_dir: str | None = None) -> Retriever:
+    """Load a saved index of either kind (the kind is read from its `meta.json`)."""
+    meta = read_meta(directory)
+    if meta["method"] == "bm25":
+        from llds.retrieval.bm25 import BM25Retriever
+
+        return BM25Retriever.load(directory, mmap=mmap)
+    from llds.retrieval.dense import DenseRetriever
+
+    return DenseRetriever.load(directory, mmap=mmap, model_dir=model_dir)
+
+
+def open_retriever(spec: str | os.PathLike[str], **kwargs: Any) -> Retriever:
+    """`http(s)://host:port[/retrieve]` -> HTTP client; index directory -> loaded backend;
+    corpus jsonl file -> backend built on the fly (BM25 unless `method="dense"`).
+
+    Extra keyword arguments go to the client (`timeout`, `retries`, ...) or to `build_retriever`.
+    """
+    text = os.fspath(spec)
+    if text.startswith(("http://", "https://")):
+        from llds.retrieval.client import HTTPRetriever
+
+        return HTTPRetriever(text, **kwargs)
+    path = Path(text)
+    if path.is_dir():
+        if not is_index_dir(path):
+            raise UserInputError(f"{path}: a directory but not an index (no meta.json)")
+        return load_index(path, **kwargs)
+    if path.is_file():
+        from llds.retrieval.corpus import read_corpus
+
+        return build_retriever(read_corpus(path), **{"show_progress": False, **kwargs})
+    raise UserInputError(f"retriever {text!r}: not a URL, an index directory or a corpus file")
+
+
+def corpus_passages(corpus: str | None, *, wiki: bool = False,
+                    wiki_max_words: int | None = None) -> Any:
+    """Passages from a corpus file, or from the optional Wikipedia summaries package."""
+    if wiki:
+        from llds.retrieval.wiki import wiki_passages
+
+        return wiki_passages(max_words=wiki_max_words)
+    if corpus is None:
+        raise UserInputError("give a corpus: --corpus FILE (jsonl) or --wiki")
+    from llds.retrieval.corpus import read_corpus
+
+    return read_corpus(corpus)

@@ -1,0 +1,93 @@
+"""Data-parallel facts and collectives, on top of Accelerate's process setup.
+
+Launch with `accelerate launch` (or `torchrun`); on a single process everything here is a no-op.
+Each rank generates the rollouts of its share of the step's questions (a question's whole group
+stays on one rank, so group advantages never need communication), computes its loss with the
+GLOBAL token/sequence counts as denominators, and gradients are summed across ranks before each
+optimizer step: the update equals the single-process update on the same global batch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+
+class Dist:
+    def __init__(self) -> None:
+        from accelerate import PartialState
+
+        # without CUDA, Accelerate only recognises a multi-process CPU launch when told cpu=True
+        self.state = PartialState(cpu=not torch.cuda.is_available())
+        self.rank = self.state.process_index
+        self.world = self.state.num_processes
+        self.device = self.state.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world > 1
+
+    def shard(self, n: int) -> list[int]:
+        """Indices 0..n-1 owned by this rank (round robin)."""
+        return list(range(self.rank, n, self.world))
+
+    def sum(self, value: float | torch.Tensor) -> torch.Tensor:
+        t = torch.as_tensor(value, dtype=torch.float64).clone()
+        if self.enabled:
+            import torch.distributed as td
+
+            t = t.to(self.device)
+            td.all_reduce(t)
+        return t.cpu()
+
+    def sum_grads(self, params: Iterable[torch.nn.Parameter]) -> None:
+        """Sum gradients over ranks (in place). Missing grads count as zero."""
+        if not self.enabled:
+            return
+        import torch.distributed as td
+
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            td.all_reduce(p.grad)
+
+    def reduce_metrics(self, metrics: dict[str, Any], weight: float) -> dict[str, Any]:
+        """Weighted mean over ranks (NaN-aware); `*_max` keys take the max, `*_min` the min."""
+        if not self.enabled:
+            return metrics
+        import torch.distributed as td
+
+        gathered: list[Any] = [None] * self.world
+        td.all_gather_object(gathered, (metrics, weight))
+        out: dict[str, Any] = {}
+        keys = sorted({k for m, _ in gathered for k in m})
+        for k in keys:
+            vals = [(m.get(k), w) for m, w in gathered]
+            nums = [(v, w) for v, w in vals if isinstance(v, int | float) and not _isnan(v)]
+            if not nums:
+                out[k] = float("nan")
+            elif k.endswith("_max") or k.endswith("ratio_max"):
+                out[k] = max(v for v, _ in nums)
+            elif k.endswith("_min") or k.endswith("ratio_min"):
+                out[k] = min(v for v, _ in nums)
+            elif k.startswith(("time/", "optim/")):
+                out[k] = max(v for v, _ in nums)
+            else:
+                total = sum(w for _, w in nums)
+                out[k] = sum(v * w for v, w in nums) / total if total else float("nan")
+        return out
+
+    def barrier(self) -> None:
+        if self.enabled:
+            self.state.wait_for_everyone()
+
+
+def _isnan(v: float) -> bool:
+    return isinstance(v, float) and math.isnan(v)

@@ -1,0 +1,113 @@
+"""`llds sft` end to end on a tiny world: writes a loadable model, config file and errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from llds.cli import main
+from llds.models import load_policy
+
+
+@pytest.fixture(scope="module")
+def world_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("world")
+    assert (
+        main(["world", "--out", str(out), "--entities", "40", "--train", "12", "--test", "4"]) == 0
+    )
+    return out
+
+
+@pytest.fixture(autouse=True)
+def restore_threads():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+TINY = [
+    "--tiny",
+    "--tokenizer-vocab",
+    "400",
+    "--hidden",
+    "32",
+    "--layers",
+    "1",
+    "--threads",
+    "1",
+    "--no-progress",
+]
+
+
+def test_cli_trains_and_writes_loadable_model(world_dir, tmp_path, capsys) -> None:
+    out = tmp_path / "sft"
+    rc = main(
+        [
+            "sft",
+            "--world",
+            str(world_dir),
+            *TINY,
+            "--steps",
+            "3",
+            "--batch-size",
+            "4",
+            "--max-hops",
+            "1",
+            "--eval",
+            "2",
+            "--out",
+            str(out),
+        ]
+    )
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert f"model written to {out / 'model'}" in printed
+    model, tok = load_policy(out / "model")
+    assert model.config.hidden_size == 32 and model.config.num_hidden_layers == 1
+    assert len(tok.encode("<search>", add_special_tokens=False)) == 1
+    report = json.loads((out / "sft_report.json").read_text())
+    assert report["data"]["kept_by_hops"].keys() == {"1"}
+    assert report["eval"]["overall"]["n"] == 2
+    rows = (out / "sft_metrics.jsonl").read_text().strip().split("\n")
+    assert len(rows) == 3
+
+
+def test_config_file_then_command_line(world_dir, tmp_path) -> None:
+    cfg = tmp_path / "sft.yaml"
+    cfg.write_text("steps: 2\nbatch_size: 2\nlr: 0.001\nhidden: 16\n")
+    out = tmp_path / "a"
+    assert (
+        main(["sft", "--world", str(world_dir), *TINY, "--config", str(cfg), "--out", str(out)])
+        == 0
+    )
+    report = json.loads((out / "sft_report.json").read_text())
+    assert report["options"]["steps"] == 2 and report["options"]["hidden"] == 32  # CLI wins
+    assert report["options"]["lr"] == 0.001
+
+
+def test_bad_inputs_are_named(world_dir, tmp_path, capsys) -> None:
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("stepz: 2\n")
+    assert (
+        main(
+            [
+                "sft",
+                "--world",
+                str(world_dir),
+                *TINY,
+                "--config",
+                str(cfg),
+                "--out",
+                str(tmp_path / "x"),
+            ]
+        )
+        == 2
+    )
+    assert "stepz" in capsys.readouterr().err
+    assert main(["sft", "--world", str(tmp_path), *TINY, "--out", str(tmp_path / "y")]) == 2
+    assert "not a world folder" in capsys.readouterr().err
+    assert main(["sft", "--world", str(world_dir), "--out", str(tmp_path / "z")]) == 2
+    assert "--tiny or --model" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists() and not (tmp_path / "z").exists()
