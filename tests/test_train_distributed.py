@@ -65,10 +65,9 @@ def test_two_processes_equal_one(tmp_path, small_world, world_tokenizer):
         sys.executable,
         "-m",
         "torch.distributed.run",
+        "--standalone",  # rendezvous on a free local port
         "--nproc_per_node",
         "2",
-        "--master_port",
-        "0",
     ]
     subprocess.run(
         [*torchrun, *train, f"run_dir={tmp_path / 'two'}"],
