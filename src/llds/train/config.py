@@ -116,6 +116,8 @@ class TrainConfig:
     keep_checkpoints: int = 2
     eval_every: int = 0
     eval_max_turns: int = 4
+    threads: int | None = None
+    """torch CPU threads (null = torch's default; 1 is often fastest for tiny models)"""
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     retriever: RetrieverConfig = field(default_factory=RetrieverConfig)
