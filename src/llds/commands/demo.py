@@ -10,8 +10,8 @@ HELP = "the main job on the embedded default: GRPO vs GRPO+LLDS on the organism,
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="runs/demo", help="output directory")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--sft-steps", type=int, default=600)
-    p.add_argument("--grpo-steps", type=int, default=30)
+    p.add_argument("--sft-steps", type=int, default=400)
+    p.add_argument("--grpo-steps", type=int, default=20)
     p.add_argument("--eval-questions", type=int, default=120)
     p.add_argument("--skip-train", action="store_true", help="stop after the warm start")
 

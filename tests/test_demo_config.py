@@ -1,0 +1,30 @@
+"""The demo's training configs and the organism preset pass the config validator."""
+
+from pathlib import Path
+
+import yaml
+
+from llds.demo import training_config
+from llds.train.config import load_config
+
+
+def test_demo_configs_validate(tmp_path):
+    for llds in (True, False):
+        conf = training_config(tmp_path / "run", tmp_path, llds=llds, steps=3, seed=1)
+        path = tmp_path / f"c{llds}.yaml"
+        path.write_text(yaml.safe_dump(conf))
+        cfg = load_config(path)
+        assert cfg.algo.llds.enabled is llds
+        assert cfg.llds_can_act  # more than one optimizer step per rollout batch
+        assert cfg.model.path == str(tmp_path / "sft" / "model")
+
+
+def test_shipped_presets_validate():
+    root = Path(__file__).resolve().parents[1] / "configs"
+    for name in ("organism.yaml", "smollm2-wiki.yaml", "search-r1-qwen2.5-3b.yaml"):
+        cfg = load_config(root / name)
+        assert cfg.steps >= 1, name
+    paper = load_config(root / "search-r1-qwen2.5-3b.yaml")
+    assert (paper.rollout.group_size, paper.optim.lr, paper.algo.kl_coef) == (5, 1e-6, 0.001)
+    assert (paper.algo.llds.gate, paper.algo.llds.coef, paper.retriever.topk) == ("action", 0.2, 3)
+    assert (paper.rollout.max_turns, paper.eval_max_turns) == (3, 4)
