@@ -245,21 +245,7 @@ class RolloutEngine:
 
     def _decode_step(self, feed: list[int | None], cache, cache_mask: Tensor):
         """Feed one token per row; rows that stopped get a masked pad so shapes stay aligned."""
-        device = self._device()
-        ids = torch.tensor([[self.pad_id if f is None else f] for f in feed], device=device)
-        new_mask = torch.tensor([[0 if f is None else 1] for f in feed], device=device)
-        full_mask = torch.cat([cache_mask, new_mask], dim=1)
-        positions = (full_mask.cumsum(-1) - 1).clamp(min=0)[:, -1:]
-        out = self.model(
-            input_ids=ids,
-            attention_mask=full_mask,
-            position_ids=positions,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        self.stats["forward_calls"] += 1
-        return out.logits[:, -1, :], out.past_key_values, full_mask
+        return self._forward([[] if f is None else [f] for f in feed], cache, cache_mask)
 
     def _observation(self, ep: Episode, text: str, room: int) -> list[int]:
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"][: max(room, 0)]
