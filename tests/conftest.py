@@ -3,6 +3,8 @@ and a real BM25 retriever over the world's corpus. Built once per test session."
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -56,3 +58,42 @@ def tag_happy(model, tokenizer, bias: float = 4.0):
 @pytest.fixture()
 def tiny_model(world_tokenizer):
     return make_tiny_model(world_tokenizer)
+
+
+def write_run_inputs(root, world, tok, **sections) -> Path:
+    """Write a world, a tiny model and a small `llds train` config under `root`.
+
+    Keyword arguments replace or extend config sections, e.g. `optim={"lr": 0.05}`.
+    Returns the config path (JSON, which is YAML).
+    """
+    import json
+
+    from llds.data.world import write_world
+    from llds.models.tiny import save_tiny
+    from llds.train.configio import deep_merge
+
+    files = write_world(world, root / "world")
+    save_tiny(make_tiny_model(tok, seed=0), tok, root / "model")
+    cfg = {
+        "steps": 6,
+        "save_every": 2,
+        "seed": 3,
+        "prompts_per_step": 2,
+        "model": {"path": str(root / "model")},
+        "data": {"train": str(files["train"]), "prompt_template": "Question: {question}\n"},
+        "retriever": {"source": str(files["corpus"]), "topk": 2},
+        "rollout": {
+            "group_size": 3,
+            "max_turns": 1,
+            "max_turn_tokens": 12,
+            "max_total_tokens": 200,
+            "max_obs_tokens": 40,
+        },
+        "algo": {"kl_coef": 0.01},
+        "optim": {"lr": 1e-3, "mini_batches": 2},
+        "logging": {"tensorboard": False, "progress": False},
+    }
+    cfg = deep_merge(cfg, sections)
+    path = root / "cfg.yaml"
+    path.write_text(json.dumps(cfg))
+    return path

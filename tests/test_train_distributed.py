@@ -3,55 +3,33 @@ process on the same global batch."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import make_tiny_model
+from conftest import write_run_inputs
 from llds.train.tracking import read_metrics
-
-
-def _inputs(root: Path, world, tok) -> Path:
-    from llds.data.world import write_world
-    from llds.models.tiny import save_tiny
-
-    files = write_world(world, root / "world")
-    save_tiny(make_tiny_model(tok, seed=0), tok, root / "model")
-    cfg = {
-        "steps": 1,
-        "save_every": 1,
-        "seed": 5,
-        "prompts_per_step": 4,
-        "model": {"path": str(root / "model")},
-        "data": {"train": str(files["train"]), "prompt_template": "Question: {question}\n"},
-        "retriever": {"source": str(files["corpus"]), "topk": 2},
-        "rollout": {
-            "group_size": 3,
-            "max_turns": 1,
-            "max_turn_tokens": 12,
-            "max_total_tokens": 200,
-            "max_obs_tokens": 40,
-        },
-        # the entropy bonus gives a gradient even when every reward is 0; Adam with a large eps
-        # is nearly linear in the gradient, so tiny rounding differences stay tiny
-        "algo": {"kl_coef": 0.01, "entropy_coef": 0.05},
-        "optim": {"lr": 0.05, "eps": 1.0, "mini_batches": 1},
-        "logging": {"tensorboard": False, "progress": False},
-    }
-    path = root / "cfg.yaml"
-    path.write_text(json.dumps(cfg))
-    return path
 
 
 @pytest.mark.slow
 def test_two_processes_equal_one(tmp_path, small_world, world_tokenizer):
-    cfg = _inputs(tmp_path, small_world, world_tokenizer)
+    cfg = write_run_inputs(
+        tmp_path,
+        small_world,
+        world_tokenizer,
+        steps=1,
+        save_every=1,
+        seed=5,
+        prompts_per_step=4,
+        # the entropy bonus gives a gradient even when every reward is 0; Adam with a large eps
+        # is nearly linear in the gradient, so tiny rounding differences stay tiny
+        algo={"kl_coef": 0.01, "entropy_coef": 0.05},
+        optim={"lr": 0.05, "eps": 1.0, "mini_batches": 1},
+    )
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     train = ["-m", "llds.cli", "train", "--config", str(cfg)]
     subprocess.run(

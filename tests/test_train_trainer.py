@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import make_tiny_model
+from conftest import make_tiny_model, write_run_inputs
 from llds.train import trainer as trainer_mod
 from llds.train.config import load_config
 from llds.train.tracking import read_metrics
@@ -148,36 +148,6 @@ def test_nonfinite_updates_are_skipped_then_stop(
 
 
 # --------------------------------------------------------------------- kill and resume
-def _write_run_inputs(root: Path, world, tok) -> Path:
-    from llds.data.world import write_world
-    from llds.models.tiny import save_tiny
-
-    files = write_world(world, root / "world")
-    save_tiny(make_tiny_model(tok, seed=0), tok, root / "model")
-    cfg = {
-        "steps": 6,
-        "save_every": 2,
-        "seed": 3,
-        "prompts_per_step": 2,
-        "model": {"path": str(root / "model")},
-        "data": {"train": str(files["train"]), "prompt_template": "Question: {question}\n"},
-        "retriever": {"source": str(files["corpus"]), "topk": 2},
-        "rollout": {
-            "group_size": 3,
-            "max_turns": 1,
-            "max_turn_tokens": 12,
-            "max_total_tokens": 200,
-            "max_obs_tokens": 40,
-        },
-        "algo": {"kl_coef": 0.01},
-        "optim": {"lr": 1e-3, "mini_batches": 2},
-        "logging": {"tensorboard": False, "progress": False},
-    }
-    path = root / "cfg.yaml"
-    path.write_text(json.dumps(cfg))  # JSON is YAML
-    return path
-
-
 def _train_cmd(cfg: Path, run_dir: Path) -> list[str]:
     return [sys.executable, "-m", "llds.cli", "train", "--config", str(cfg), f"run_dir={run_dir}"]
 
@@ -190,7 +160,7 @@ def _comparable(rows):
 
 @pytest.mark.slow
 def test_sigkill_and_resume_reproduces_uninterrupted_run(tmp_path, small_world, world_tokenizer):
-    cfg = _write_run_inputs(tmp_path, small_world, world_tokenizer)
+    cfg = write_run_inputs(tmp_path, small_world, world_tokenizer)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     straight = tmp_path / "straight"
     subprocess.run(_train_cmd(cfg, straight), check=True, env=env, capture_output=True, timeout=600)
