@@ -21,7 +21,7 @@ import Stemmer
 
 from llds.errors import UserInputError
 from llds.retrieval.base import Hit
-from llds.retrieval.corpus import as_passages
+from llds.retrieval.corpus import ids_and_contents
 from llds.retrieval.docstore import DocStore, MappedDocs, MemoryDocs, save_docs
 from llds.retrieval.manifest import atomic_directory, read_meta, write_meta
 from llds.retrieval.progress import progress_bar
@@ -81,13 +81,7 @@ class BM25Retriever:
         show_progress: bool = True,
     ) -> BM25Retriever:
         """Index `(id, contents)` pairs or corpus-row dicts (see `corpus.as_passages`)."""
-        ids: list[str] = []
-        contents: list[str] = []
-        for pid, text in as_passages(passages):
-            ids.append(pid)
-            contents.append(text)
-        if not contents:
-            raise UserInputError("cannot build a BM25 index from an empty corpus")
+        ids, contents = ids_and_contents(passages, "BM25")
         stemmer = _stemmer()
         tokens: list[list[str]] = []
         with progress_bar(show_progress) as bar:

@@ -135,3 +135,15 @@ def as_passages(items: Iterable[object]) -> Iterator[Passage]:
             raise DataFormatError(
                 f"passage {index}: expected (id, contents) or a dict, got {type(item).__name__}"
             )
+
+
+def ids_and_contents(items: Iterable[object], what: str) -> tuple[list[str], list[str]]:
+    """Unzip a backend's input into ids and contents; an empty corpus is an error."""
+    ids: list[str] = []
+    contents: list[str] = []
+    for pid, text in as_passages(items):
+        ids.append(pid)
+        contents.append(text)
+    if not contents:
+        raise UserInputError(f"cannot build a {what} index from an empty corpus")
+    return ids, contents

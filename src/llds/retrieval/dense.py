@@ -22,7 +22,7 @@ import numpy as np
 from llds.errors import UserInputError
 from llds.io import atomic_write
 from llds.retrieval.base import Hit
-from llds.retrieval.corpus import as_passages
+from llds.retrieval.corpus import ids_and_contents
 from llds.retrieval.docstore import DocStore, MappedDocs, MemoryDocs, save_docs
 from llds.retrieval.manifest import atomic_directory, read_meta, write_meta
 from llds.retrieval.progress import progress_bar
@@ -126,13 +126,7 @@ class DenseRetriever:
     ) -> DenseRetriever:
         import faiss
 
-        ids: list[str] = []
-        contents: list[str] = []
-        for pid, text in as_passages(passages):
-            ids.append(pid)
-            contents.append(text)
-        if not contents:
-            raise UserInputError("cannot build a dense index from an empty corpus")
+        ids, contents = ids_and_contents(passages, "dense")
         model, resolved = load_encoder(model_dir)
         cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         key = f"{model_key(resolved)}-{corpus_fingerprint(ids, contents)[:32]}.npy"

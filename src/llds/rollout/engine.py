@@ -145,7 +145,10 @@ class RolloutEngine:
                 # sample only rows still in their turn: a stopped row must not consume randomness
                 act = [r for r in range(len(live)) if active[r]]
                 picked = sample_next_token(
-                    logits[act], temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+                    logits[act],
+                    temperature=cfg.temperature,
+                    top_k=cfg.top_k,
+                    top_p=cfg.top_p,
                     generator=generator,
                     row_generators=None if row_gens is None else [row_gens[live[r]] for r in act],
                 ).tolist()
@@ -253,22 +256,15 @@ class RolloutEngine:
         return ids
 
     def _finish(self, ep: Episode) -> None:
-        actions_text = "".join(ep.action_texts)
         ep.response_text = self.tokenizer.decode(ep.response_ids, skip_special_tokens=False)
+        # the tag-sequence check of the format reward needs the observations too
+        with_format = self.format_reward is not None and self.format_reward.enabled
         result = compute_reward(
-            actions_text,
+            ep.response_text if with_format else "".join(ep.action_texts),
             ep.golds,
             format_config=self.format_reward,
             retrieved_texts=ep.retrieved_texts,
         )
-        if self.format_reward is not None and self.format_reward.enabled:
-            # the tag-sequence check needs the observations too: score the whole response
-            result = compute_reward(
-                ep.response_text,
-                ep.golds,
-                format_config=self.format_reward,
-                retrieved_texts=ep.retrieved_texts,
-            )
         ep.answer = result.answer
         ep.reward, ep.em, ep.f1, ep.sub_em = result.reward, result.em, result.f1, result.sub_em
         ep.valid_format = result.valid_format

@@ -161,10 +161,7 @@ class TrainConfig:
             raise bad("optim.mini_batches", f"{self.optim.mini_batches} > {rows} rollouts per step")
         if not 0 < self.diagnostics.sample_fraction <= 1:
             raise bad("diagnostics.sample_fraction", "must be in (0, 1]")
-        try:
-            self.rollout.validate()
-        except ConfigError:
-            raise
+        self.rollout.validate()
         if self.optim.lr <= 0:
             raise bad("optim.lr", "must be > 0")
 

@@ -109,14 +109,13 @@ def _coerce(tp: Any, value: Any, dotted: str) -> Any:
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
-        errors = []
         for arg in args:
             if arg is type(None):
                 continue
             try:
                 return _coerce(arg, value, dotted)
-            except ConfigError as exc:
-                errors.append(str(exc))
+            except ConfigError:
+                continue
         raise ConfigError(f"{dotted}: {value!r} does not match {_name(tp)}")
     if origin is typing.Literal:
         if value not in args:

@@ -73,9 +73,9 @@ class Dist:
             nums = [(v, w) for v, w in vals if isinstance(v, int | float) and not _isnan(v)]
             if not nums:
                 out[k] = float("nan")
-            elif k.endswith("_max") or k.endswith("ratio_max"):
+            elif k.endswith("_max"):
                 out[k] = max(v for v, _ in nums)
-            elif k.endswith("_min") or k.endswith("ratio_min"):
+            elif k.endswith("_min"):
                 out[k] = min(v for v, _ in nums)
             elif k.startswith(("time/", "optim/")):
                 out[k] = max(v for v, _ in nums)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+
 import torch
 from torch import Tensor
 
@@ -39,13 +41,15 @@ def response_log_probs(
     return token_log_probs_and_entropy(logits, labels, temperature=t, with_entropy=with_entropy)
 
 
-def plan_micro_batches(batch: RolloutBatch, rows: list[int], token_budget: int) -> list[list[int]]:
+def pack_by_length(
+    lengths: Sequence[int], rows: Iterable[int], token_budget: int
+) -> list[list[int]]:
     """Group `rows` so that rows x padded length stays under `token_budget` per micro-batch.
 
     Rows are sorted by length so that similar lengths share a micro-batch (little padding); the
-    order is deterministic so a resumed run groups rows exactly as the original did.
+    order is deterministic so a resumed run groups rows exactly as the original did. A row
+    longer than the budget goes alone.
     """
-    lengths = batch.attention_mask.sum(-1).tolist()
     ordered = sorted(rows, key=lambda i: (-lengths[i], i))
     groups: list[list[int]] = []
     current: list[int] = []
@@ -60,6 +64,11 @@ def plan_micro_batches(batch: RolloutBatch, rows: list[int], token_budget: int) 
     if current:
         groups.append(current)
     return groups
+
+
+def plan_micro_batches(batch: RolloutBatch, rows: list[int], token_budget: int) -> list[list[int]]:
+    """`pack_by_length` over the real (unpadded) lengths of a rollout batch's rows."""
+    return pack_by_length(batch.attention_mask.sum(-1).tolist(), rows, token_budget)
 
 
 @torch.no_grad()

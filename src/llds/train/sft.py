@@ -28,6 +28,7 @@ from torch import Tensor
 
 from llds.errors import ConfigError
 from llds.io import atomic_write, write_json
+from llds.train.forward import pack_by_length
 from llds.train.sft_data import ExpertEpisode
 
 METRICS_FILE = "sft_metrics.jsonl"
@@ -113,24 +114,8 @@ def masked_token_loss_sum(
 
 
 def plan_micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
-    """Split row indices so each micro-batch's rows x padded width stays within `token_budget`.
-
-    Rows are grouped longest first (little padding); a row longer than the budget goes alone.
-    """
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    groups: list[list[int]] = []
-    current: list[int] = []
-    width = 0
-    for i in order:
-        w = max(width, lengths[i])
-        if current and w * (len(current) + 1) > token_budget:
-            groups.append(current)
-            current, w = [], lengths[i]
-        current.append(i)
-        width = w
-    if current:
-        groups.append(current)
-    return groups
+    """Split row indices so each micro-batch's rows x padded width stays within `token_budget`."""
+    return pack_by_length(lengths, range(len(lengths)), token_budget)
 
 
 def batch_order(n: int, batch_size: int, steps: int, seed: int) -> list[list[int]]:
