@@ -167,3 +167,51 @@ def test_seeded_rollouts_do_not_depend_on_batch_mates(
         assert by_seed[r.seed] == e.response_ids
     # and the samples really are random: different seeds, different rollouts
     assert len({tuple(e.response_ids) for e in together.episodes}) > 1
+
+
+def _eos_happy(model, tok, bias: float):
+    """Bias a tag-happy model towards end-of-sequence too, so turns would end very early."""
+    head = model.get_output_embeddings()
+    with torch.no_grad():
+        head.bias[tok.eos_token_id] = bias
+    return model
+
+
+def test_single_turn_without_retriever_gives_fixed_length_turns(small_world, world_tokenizer):
+    tok = world_tokenizer
+    model = _eos_happy(tag_happy(make_tiny_model(tok, seed=7), tok, bias=6.0), tok, bias=6.0)
+    reqs = _requests(small_world, tok, n=12)
+    free, _ = _generate(model, tok, None, reqs, max_turns=0, max_turn_tokens=16)
+    lengths = [len(e.response_ids) for e in free.episodes]
+    assert min(lengths) < 16  # without a minimum, EOS and stop tags end turns early
+    fixed, engine = _generate(
+        model, tok, None, reqs, max_turns=0, max_turn_tokens=16, min_turn_tokens=16
+    )
+    assert engine.retriever is None
+    for ep in fixed.episodes:
+        assert len(ep.response_ids) == 16 and all(ep.action_mask)
+        assert tok.eos_token_id not in ep.response_ids
+        assert ep.num_turns == 1 and ep.num_valid_searches == 0 and not ep.retrieved_ids
+    assert any("</search>" in e.response_text or "</answer>" in e.response_text
+               for e in fixed.episodes)  # stop tags were sampled but did not end the turn
+
+
+def test_min_turn_tokens_only_delays_the_end(small_world, world_tokenizer):
+    tok = world_tokenizer
+    model = _eos_happy(tag_happy(make_tiny_model(tok, seed=8), tok, bias=6.0), tok, bias=6.0)
+    reqs = _requests(small_world, tok, n=9)
+    batch, _ = _generate(model, tok, None, reqs, max_turns=0, max_turn_tokens=24,
+                         min_turn_tokens=5)
+    lengths = [len(e.response_ids) for e in batch.episodes]
+    assert min(lengths) >= 5 and min(lengths) < 24  # ends after the minimum, not only at the cap
+    assert all(tok.eos_token_id not in e.response_ids[:4] for e in batch.episodes)
+
+
+def test_searching_needs_a_retriever_and_a_sane_minimum(world_tokenizer):
+    from llds.errors import ConfigError
+
+    model = make_tiny_model(world_tokenizer)
+    with pytest.raises(ConfigError, match="needs a retriever"):
+        RolloutEngine(model, world_tokenizer, None, RolloutConfig(max_turns=1))
+    with pytest.raises(ConfigError, match="min_turn_tokens"):
+        RolloutConfig(max_turn_tokens=8, min_turn_tokens=9).validate()

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from conftest import make_tiny_model, write_run_inputs
+from llds.errors import ConfigError
 from llds.train import trainer as trainer_mod
 from llds.train.config import load_config
 from llds.train.tracking import read_metrics
@@ -109,6 +110,32 @@ def test_micro_batching_does_not_change_the_gradient(
         for a, b in zip(step_a, step_b, strict=True):
             assert torch.allclose(a, b, rtol=1e-4, atol=1e-7)
         assert any(a.abs().sum() > 0 for a in step_a)
+
+
+def test_single_turn_training_needs_no_retriever(tmp_path, small_world, world_tokenizer):
+    """`rollout.max_turns=0` is plain single-turn GRPO: no retriever is configured or opened."""
+    no_retriever = [o for o in BASE if not o.startswith(("retriever.", "rollout.max_turns"))]
+    with pytest.raises(ConfigError, match=r"retriever\.source"):
+        load_config(None, [*no_retriever, "rollout.max_turns=1"])
+    cfg = load_config(
+        None,
+        [*no_retriever, f"run_dir={tmp_path}", "steps=1", "rollout.max_turns=0",
+         "rollout.min_turn_tokens=12"],
+    )
+    tr = GRPOTrainer(
+        cfg,
+        model=make_tiny_model(world_tokenizer),
+        tokenizer=world_tokenizer,
+        train_examples=small_world.train,
+        resume=False,
+    )
+    assert tr.retriever is None
+    before = [p.detach().clone() for p in tr.model.parameters()]
+    (row,) = tr.train()
+    assert row["rollout/valid_searches"] == 0 and row["rollout/turns"] == 1
+    assert row["rollout/response_tokens"] == 12  # fixed-length turns
+    assert row["optim/updates"] == 2
+    assert any(not torch.equal(a, b) for a, b in zip(before, tr.model.parameters(), strict=True))
 
 
 def test_warns_when_llds_cannot_act(

@@ -10,12 +10,18 @@ class RolloutConfig:
     """Search-R1's reference values are the defaults where the paper gives them.
 
     `max_turns` is the number of searches executed; a rollout still running after that gets one
-    last turn in which a search is not executed. `temperature=0` means greedy decoding.
+    last turn in which a search is not executed. `max_turns=0` is single-turn generation (plain
+    GRPO on prompts, no retriever needed). `temperature=0` means greedy decoding.
     """
 
     group_size: int = 5
     max_turns: int = 3
     max_turn_tokens: int = 500
+    min_turn_tokens: int = 0
+    """a turn does not end before this many tokens: end-of-sequence ids are masked out of the
+    sampling and stop tags are not honoured until then (like HF `min_new_tokens`). Setting it to
+    `max_turn_tokens` gives fixed-length turns, e.g. for throughput comparisons at equal work;
+    the masked end-of-sequence mass makes sampling slightly off-policy, so leave it 0 in training"""
     max_obs_tokens: int = 500
     max_total_tokens: int = 4096
     topk: int = 3
@@ -33,6 +39,7 @@ class RolloutConfig:
             "group_size": self.group_size >= 1,
             "max_turns": self.max_turns >= 0,
             "max_turn_tokens": self.max_turn_tokens >= 1,
+            "min_turn_tokens": 0 <= self.min_turn_tokens <= self.max_turn_tokens,
             "max_obs_tokens": self.max_obs_tokens >= 1,
             "max_total_tokens": self.max_total_tokens >= 8,
             "topk": self.topk >= 1,

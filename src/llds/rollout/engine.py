@@ -20,6 +20,7 @@ from torch import Tensor
 from llds.env.actions import parse_action
 from llds.env.observation import information_block, invalid_action_message
 from llds.env.rewards import FormatRewardConfig, compute_reward
+from llds.errors import ConfigError
 from llds.retrieval.base import Retriever
 from llds.rollout.batch import Episode, RolloutBatch
 from llds.rollout.config import RolloutConfig
@@ -45,12 +46,19 @@ class RolloutEngine:
         self,
         model,
         tokenizer,
-        retriever: Retriever,
+        retriever: Retriever | None,
         config: RolloutConfig,
         *,
         format_reward: FormatRewardConfig | None = None,
     ) -> None:
+        """`retriever` may be None only for single-turn generation (`config.max_turns == 0`),
+        where no search is ever executed."""
         config.validate()
+        if retriever is None and config.max_turns > 0:
+            raise ConfigError(
+                f"rollout.max_turns={config.max_turns} executes searches and needs a retriever; "
+                "use max_turns=0 for single-turn generation without one"
+            )
         self.model = model
         self.tokenizer = tokenizer
         self.retriever = retriever
@@ -110,6 +118,7 @@ class RolloutEngine:
         self, requests: list[RolloutRequest], generator: torch.Generator | None
     ) -> list[Episode]:
         cfg = self.config
+        eos_cols = torch.tensor(sorted(self.eos_ids), dtype=torch.long, device=self._device())
         eps = [
             Episode(
                 prompt_ids=list(r.prompt_ids),
@@ -144,8 +153,14 @@ class RolloutEngine:
             while any(active):
                 # sample only rows still in their turn: a stopped row must not consume randomness
                 act = [r for r in range(len(live)) if active[r]]
+                scores = logits[act]
+                if cfg.min_turn_tokens:
+                    young = [k for k, r in enumerate(act) if len(turn_ids[r]) < cfg.min_turn_tokens]
+                    if young and self.eos_ids:
+                        rows = torch.tensor(young, device=scores.device)[:, None]
+                        scores[rows, eos_cols] = float("-inf")
                 picked = sample_next_token(
-                    logits[act],
+                    scores,
                     temperature=cfg.temperature,
                     top_k=cfg.top_k,
                     top_p=cfg.top_p,
@@ -164,8 +179,9 @@ class RolloutEngine:
                     if tok in self.eos_ids:
                         ended_by_eos[row] = True
                         active[row] = False
-                    elif self.stop.hit_stop_string(turn_ids[row]) or (
-                        len(turn_ids[row]) >= budgets[row]
+                    elif len(turn_ids[row]) >= budgets[row] or (
+                        len(turn_ids[row]) >= cfg.min_turn_tokens
+                        and self.stop.hit_stop_string(turn_ids[row])
                     ):
                         active[row] = False
                     # a row's last token of the turn is not fed now: it leads the next prefill

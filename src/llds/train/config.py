@@ -39,7 +39,8 @@ class DataConfig:
 @dataclass
 class RetrieverConfig:
     source: str = ""
-    """a corpus .jsonl (BM25 built on the fly), an index directory, or an http(s):// URL"""
+    """a corpus .jsonl (BM25 built on the fly), an index directory, or an http(s):// URL; not
+    needed (and not opened) for single-turn training, `rollout.max_turns=0`"""
     topk: int = 3
 
 
@@ -137,8 +138,11 @@ class TrainConfig:
             raise bad("model.path", "required (an HF model directory, hub id, or smollm2)")
         if not self.data.train:
             raise bad("data.train", "required (a .parquet, .jsonl, or trivia:LIST spec)")
-        if not self.retriever.source:
-            raise bad("retriever.source", "required (corpus .jsonl, index directory, or URL)")
+        if not self.retriever.source and self.rollout.max_turns > 0:
+            raise bad(
+                "retriever.source",
+                "required (corpus .jsonl, index directory, or URL) unless rollout.max_turns=0",
+            )
         for key, val in (
             ("steps", self.steps),
             ("prompts_per_step", self.prompts_per_step),

@@ -115,7 +115,7 @@ class GRPOTrainer:
         self.model, self.tokenizer = model, tokenizer
         self.model.train()
 
-        if retriever is None:
+        if retriever is None and cfg.rollout.max_turns > 0:  # single-turn runs never search
             from llds.retrieval.factory import open_retriever
 
             retriever = open_retriever(cfg.retriever.source)

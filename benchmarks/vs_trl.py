@@ -1,0 +1,248 @@
+"""Native GRPO trainer vs TRL's `GRPOTrainer` at equal work: step time and tokens/s.
+
+Both trainers get the same initial weights (a tiny random Qwen2, or SmolLM2-135M with
+`--model smollm2`), the same P prompts in every step, G completions per prompt of exactly N
+tokens (end-of-sequence masked until N: `rollout.min_turn_tokens` here, `min_new_tokens` in
+TRL), the same exact-match reward on the completion text, AdamW with the same settings, M
+optimizer steps per generation batch (so both recompute old log-probs once), fp32, single turn
+(no retrieval), no KL / reference model, no LLDS, no post-update diagnostics.
+
+A step is one generation batch and its M optimizer steps. Tokens counted per step: generated
+completion tokens (P x G x N) plus the real (unpadded) prompt + completion tokens that go
+through the optimizer forward+backward; the old-log-prob pass is done by both and not counted.
+
+    python benchmarks/vs_trl.py [--prompts 8] [--group 4] [--tokens 64] [--mini-batches 2]
+                                [--repeats 3] [--model tiny|smollm2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import machine
+from llds.data.world import WorldConfig, generate_world
+from llds.integrations.trl import search_r1_reward, search_r1_rows
+from llds.rollout import RolloutConfig
+from llds.train.config import (
+    AlgoConfig,
+    DataConfig,
+    DiagnosticsConfig,
+    LLDSConfig,
+    LoggingConfig,
+    ModelConfig,
+    OptimConfig,
+    TrainConfig,
+)
+from llds.train.trainer import GRPOTrainer as NativeTrainer
+
+TEMPLATE = "Question: {question}\nAnswer: "
+
+
+def build_model(args: argparse.Namespace) -> tuple[Any, Any, list]:
+    """(model, tokenizer, train questions); the caller deep-copies the model per trainer."""
+    world = generate_world(WorldConfig.preset("organism"))
+    if args.model == "smollm2":
+        from llds.models import load_smollm2
+
+        model, tok = load_smollm2(dtype="float32", device="cpu")
+    else:
+        from llds.models import tiny_causal_lm_for, train_bpe_tokenizer
+
+        texts = [d["contents"] for d in world.corpus] + [q.question for q in world.train]
+        tok = train_bpe_tokenizer(texts, vocab_size=2000)
+        model = tiny_causal_lm_for(tok, hidden_size=args.hidden, num_layers=args.layers)
+    # exactly P questions: both trainers then see the same prompts in every step
+    return model, tok, list(world.train[: args.prompts])
+
+
+def run_native(model, tok, examples, args, run_dir: str) -> dict[str, Any]:
+    cfg = TrainConfig(
+        run_dir=run_dir,
+        seed=0,
+        steps=10**9,
+        save_every=10**9,
+        prompts_per_step=args.prompts,
+        model=ModelConfig(path="in-memory", chat=False),
+        data=DataConfig(train="in-memory", prompt_template=TEMPLATE),
+        rollout=RolloutConfig(
+            group_size=args.group,
+            max_turns=0,
+            max_turn_tokens=args.tokens,
+            min_turn_tokens=args.tokens,
+            max_total_tokens=4096,
+            temperature=1.0,
+            max_rows=args.prompts * args.group,
+        ),
+        algo=AlgoConfig(kl_coef=0.0, aggregation="token-mean", llds=LLDSConfig(enabled=False)),
+        optim=OptimConfig(
+            lr=args.lr, weight_decay=0.0, grad_clip=1.0, mini_batches=args.mini_batches
+        ),
+        logging=LoggingConfig(tensorboard=False, wandb=False, progress=False),
+        diagnostics=DiagnosticsConfig(enabled=False),
+    )
+    cfg.validate()
+    trainer = NativeTrainer(
+        cfg, model=model, tokenizer=tok, train_examples=examples, resume=False
+    )
+    times, parts = [], []
+    for k in range(1 + args.repeats):
+        t0 = time.perf_counter()
+        m = trainer.train_step()
+        dt = time.perf_counter() - t0
+        assert m["rollout/response_tokens"] == args.tokens, "completions are not N tokens long"
+        if k:  # the first step is the warm-up
+            times.append(dt)
+            parts.append(m["time/rollout"])
+    prompts = [trainer._prompt_ids(ex) for ex in examples]
+    return {"times": times, "gen": parts, "prompt_ids": prompts}
+
+
+def run_trl(model, tok, examples, args, run_dir: str) -> dict[str, Any]:
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    class Clock(TrainerCallback):
+        """Wall clock at train start and after every optimizer step."""
+
+        def __init__(self) -> None:
+            self.marks: list[float] = []
+
+        def on_train_begin(self, *a: Any, **k: Any) -> None:
+            self.marks.append(time.perf_counter())
+
+        def on_step_end(self, *a: Any, **k: Any) -> None:
+            self.marks.append(time.perf_counter())
+
+    class Observed(GRPOTrainer):
+        """TRL's trainer, unchanged, plus a record of generation time and completion lengths."""
+
+        def __init__(self, *a: Any, **k: Any) -> None:
+            super().__init__(*a, **k)
+            self.gen_times: list[float] = []
+            self.lengths: list[int] = []
+
+        def _generate_single_turn(self, *a: Any, **k: Any):
+            t0 = time.perf_counter()
+            completion_ids, logprobs = super()._generate_single_turn(*a, **k)
+            self.gen_times.append(time.perf_counter() - t0)
+            self.lengths.extend(len(c) for c in completion_ids)
+            return completion_ids, logprobs
+
+    m, g = args.mini_batches, args.group
+    rows = args.prompts * g
+    if rows % m:
+        raise SystemExit(f"prompts x group ({rows}) must divide by --mini-batches ({m})")
+    targs = GRPOConfig(
+        output_dir=run_dir,
+        per_device_train_batch_size=rows // m,
+        steps_per_generation=m,
+        gradient_accumulation_steps=1,
+        num_iterations=1,
+        num_generations=g,
+        max_steps=m * (1 + args.repeats),
+        max_completion_length=args.tokens,
+        generation_kwargs={"min_new_tokens": args.tokens},
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        beta=0.0,
+        epsilon=0.2,
+        loss_type="dapo",
+        scale_rewards="group",
+        learning_rate=args.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        optim="adamw_torch",
+        use_cpu=True,
+        bf16=False,  # TRL defaults to bf16 autocast and activation checkpointing: ours does
+        gradient_checkpointing=False,  # neither here, so both are off for equal work
+        seed=0,
+        logging_steps=10**6,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+    clock = Clock()
+    data = search_r1_rows(examples, TEMPLATE)
+    trainer = Observed(
+        model=model,
+        reward_funcs=search_r1_reward(),
+        args=targs,
+        train_dataset=Dataset.from_list(data),
+        processing_class=tok,
+        callbacks=[clock],
+    )
+    prompts = trainer._tokenize_prompts([r["prompt"] for r in data])[0]
+    trainer.train()
+    assert set(trainer.lengths) == {args.tokens}, "completions are not N tokens long"
+    marks = clock.marks
+    cycles = [marks[(k + 1) * m] - marks[k * m] for k in range(1 + args.repeats)]
+    return {"times": cycles[1:], "gen": trainer.gen_times[1:], "prompt_ids": prompts}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", choices=("tiny", "smollm2"), default="tiny")
+    ap.add_argument("--hidden", type=int, default=256, help="tiny model width")
+    ap.add_argument("--layers", type=int, default=4, help="tiny model depth")
+    ap.add_argument("--prompts", type=int, default=8, help="prompts per step (P)")
+    ap.add_argument("--group", type=int, default=4, help="completions per prompt (G)")
+    ap.add_argument("--tokens", type=int, default=64, help="completion length (N)")
+    ap.add_argument("--mini-batches", type=int, default=2, help="optimizer steps per step (M)")
+    ap.add_argument("--lr", type=float, default=1e-5)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    warnings.filterwarnings("ignore", category=UserWarning)
+
+    model, tok, examples = build_model(args)
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        results["ours"] = run_native(copy.deepcopy(model), tok, examples, args, f"{tmp}/ours")
+        results["trl"] = run_trl(copy.deepcopy(model), tok, examples, args, f"{tmp}/trl")
+    prompts = results["ours"]["prompt_ids"]
+    assert prompts == [list(p) for p in results["trl"]["prompt_ids"]], "prompt tokens differ"
+
+    g, n = args.group, args.tokens
+    generated = len(prompts) * g * n
+    trained = sum(g * (len(p) + n) for p in prompts)
+    params = sum(p.numel() for p in model.parameters())
+    name = "SmolLM2-135M" if args.model == "smollm2" else (
+        f"tiny Qwen2 hidden {args.hidden} x {args.layers} layers")
+    print(f"machine: {machine()}")
+    print(f"command: `python benchmarks/vs_trl.py {' '.join(sys.argv[1:])}`".strip())
+    print(
+        f"{name} ({params / 1e6:.1f}M params, vocab {len(tok)}), {args.prompts} prompts x "
+        f"{g} completions of {n} tokens, {args.mini_batches} optimizer steps per step, "
+        f"prompt {min(map(len, prompts))}-{max(map(len, prompts))} tokens; tokens per step: "
+        f"{generated:,} generated + {trained:,} trained; median of {args.repeats} after 1 warm-up\n"
+    )
+    print("| trainer | median step time | generation | rest (old log-probs + updates) "
+          "| tokens/s | speed vs TRL |")
+    print("|---|---|---|---|---|---|")
+    base = statistics.median(results["trl"]["times"])
+    for key, label in (("ours", "llds native GRPO"), ("trl", "TRL GRPOTrainer 1.16")):
+        t = statistics.median(results[key]["times"])
+        gen = statistics.median(results[key]["gen"])
+        print(f"| {label} | {t:.2f} s | {gen:.2f} s | {t - gen:.2f} s | "
+              f"{(generated + trained) / t:,.0f} | {base / t:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
