@@ -74,6 +74,35 @@ def test_cli_trains_and_writes_loadable_model(world_dir, tmp_path, capsys) -> No
     assert len(rows) == 3
 
 
+def test_relabeled_copies_multiply_the_trajectories_and_loss_on_all(world_dir, tmp_path) -> None:
+    runs = {}
+    for name, extra in (("plain", []), ("copies", ["--relabel-copies", "2", "--loss-on", "all"])):
+        out = tmp_path / name
+        rc = main(["sft", "--world", str(world_dir), *TINY, "--steps", "1", "--batch-size", "2",
+                   *extra, "--out", str(out)])
+        assert rc == 0
+        runs[name] = json.loads((out / "sft_report.json").read_text())
+    plain, copies = runs["plain"], runs["copies"]
+    assert copies["data"]["kept"] == 3 * plain["data"]["kept"]
+    assert copies["data"]["considered"] == 3 * plain["data"]["considered"]
+    summary = json.loads((tmp_path / "copies" / "sft_summary.json").read_text())
+    assert summary["loss_on"] == "all" and summary["episodes"] == copies["data"]["kept"]
+
+
+def test_relabel_copies_refuse_an_edited_world(world_dir, tmp_path, capsys) -> None:
+    edited = tmp_path / "edited"
+    edited.mkdir()
+    for f in world_dir.iterdir():
+        (edited / f.name).write_bytes(f.read_bytes())
+    corpus = edited / "corpus.jsonl"
+    corpus.write_text(corpus.read_text().replace("capital", "kapital", 1))
+    rc = main(["sft", "--world", str(edited), *TINY, "--steps", "1", "--relabel-copies", "1",
+               "--out", str(tmp_path / "o")])
+    assert rc == 2
+    assert "corpus.jsonl: differs from the world" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
 def test_config_file_then_command_line(world_dir, tmp_path) -> None:
     cfg = tmp_path / "sft.yaml"
     cfg.write_text("steps: 2\nbatch_size: 2\nlr: 0.001\nhidden: 16\n")

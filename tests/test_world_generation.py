@@ -10,7 +10,7 @@ import pytest
 
 from llds.cli import main as cli_main
 from llds.data.loaders import load_flashrag_jsonl
-from llds.data.world import RELATIONS, WorldConfig, generate_world, write_world
+from llds.data.world import RELATIONS, WorldConfig, generate_world, relabel_world, write_world
 from llds.errors import ConfigError
 
 
@@ -50,6 +50,34 @@ def test_every_hop_is_answerable_from_its_gold_passage(organism) -> None:
         assert chain[0]["subject"] == ex.metadata["start"]
         assert chain[-1]["answer"] == ex.answers[0]
         assert ex.metadata["start"] in ex.question
+
+
+def test_relabeled_world_moves_names_within_type_and_stays_answerable(organism) -> None:
+    copy = relabel_world(organism, seed=7)
+    assert relabel_world(organism, seed=7).corpus == copy.corpus  # deterministic
+    assert relabel_world(organism, seed=8).corpus != copy.corpus
+    kind = {e.name: e.type for e in organism.entities}
+    # the same facts graph with names moved: each (subject, relation) -> object maps consistently
+    renamed: dict[str, str] = {}
+    for ((s, r), o), ((s2, r2), o2) in zip(organism.facts.items(), copy.facts.items(), strict=True):
+        assert r == r2
+        for old, new in ((s, s2), (o, o2)):
+            assert renamed.setdefault(old, new) == new
+            assert kind[old] == kind[new]  # a city stays a city
+    assert sum(old != new for old, new in renamed.items()) > 0.9 * len(renamed)
+    assert len(set(renamed.values())) == len(renamed)  # a permutation
+    docs = {d["id"]: d["contents"] for d in copy.corpus}
+    for ex in copy.train + copy.test:
+        assert ex.id.endswith(":perm7")
+        chain = ex.metadata["chain"]
+        assert ex.metadata["start"] in ex.question and chain[-1]["answer"] == ex.answers[0]
+        for hop in chain:
+            assert copy.facts[(hop["subject"], hop["relation"])] == hop["answer"]
+            assert copy.fact_doc[(hop["subject"], hop["relation"])] == hop["doc_id"]
+            keyword = RELATIONS[hop["relation"]].keyword
+            assert {hop["subject"].lower(), hop["answer"].lower(), keyword} <= words(
+                docs[hop["doc_id"]])
+    assert len({ex.id for ex in copy.train + copy.test}) == len(copy.train) + len(copy.test)
 
 
 def test_gold_passage_is_the_only_one_with_key_and_relation_word(organism) -> None:

@@ -26,6 +26,8 @@ DEFAULTS: dict[str, Any] = {
     "name_tokens": False,
     "max_hops": None,
     "num_examples": None,
+    "relabel_copies": 0,
+    "loss_on": "actions",
     "steps": 150,
     "epochs": None,
     "lr": 3e-3,
@@ -80,6 +82,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     dat.add_argument("--max-obs-tokens", type=int, help="observation token cap (500)")
     dat.add_argument("--no-think", action="store_const", const=True,
                      help="expert actions without <think> text")
+    dat.add_argument("--relabel-copies", type=int,
+                     help="--world: also train on K copies of the world with entity names "
+                          "permuted (the same names on other facts), so only reading pays (0)")
+    dat.add_argument("--loss-on", choices=["actions", "all"],
+                     help="tokens trained on: the expert's actions, or all (passages and "
+                          "questions too; grows copying in small models) (actions)")
     opt = p.add_argument_group("optimisation")
     opt.add_argument("--steps", type=int, help=f"optimizer steps ({DEFAULTS['steps']})")
     opt.add_argument("--epochs", type=float, help="passes over the trajectories (instead of steps)")
@@ -195,6 +203,23 @@ def _model_and_tokenizer(opts: dict[str, Any], corpus: str | None, template: Any
     return load_policy(opts["model"], device=opts["device"])
 
 
+def _relabeled_copies(opts: dict[str, Any]) -> list[tuple[list[Any], Any]]:
+    """(train questions, retriever) of each `--relabel-copies` copy of the `--world`."""
+    k = opts["relabel_copies"] or 0
+    if k < 0:
+        raise ConfigError(f"relabel_copies must be >= 0, got {k}")
+    if not k:
+        return []
+    if not opts["world"]:
+        raise UserInputError("--relabel-copies needs --world (it permutes the world's names)")
+    from llds.data.world import read_world, relabel_world
+    from llds.retrieval.bm25 import BM25Retriever
+
+    world = read_world(opts["world"])
+    copies = [relabel_world(world, seed=opts["seed"] * 1000 + 1 + i) for i in range(k)]
+    return [(c.train, BM25Retriever.build(c.corpus, show_progress=False)) for c in copies]
+
+
 def run(args: argparse.Namespace) -> int:
     import json
 
@@ -219,11 +244,15 @@ def run(args: argparse.Namespace) -> int:
         else None
     model, tok = _model_and_tokenizer(opts, corpus, template, train)
     retriever = open_retriever(corpus)
-    episodes, stats = build_expert_episodes(
-        train, retriever, tok, template=template, chat=opts["chat"], topk=opts["topk"],
-        max_obs_tokens=opts["max_obs_tokens"], think=not opts["no_think"],
-        max_hops=opts["max_hops"], num_examples=opts["num_examples"], seed=opts["seed"],
-    )
+    expert = {"template": template, "chat": opts["chat"], "topk": opts["topk"],
+              "max_obs_tokens": opts["max_obs_tokens"], "think": not opts["no_think"],
+              "max_hops": opts["max_hops"], "num_examples": opts["num_examples"],
+              "seed": opts["seed"]}
+    episodes, stats = build_expert_episodes(train, retriever, tok, **expert)
+    for copy_train, copy_retriever in _relabeled_copies(opts):
+        more, more_stats = build_expert_episodes(copy_train, copy_retriever, tok, **expert)
+        episodes += more
+        stats = stats.merged(more_stats)
     n_params = sum(p.numel() for p in model.parameters())
     mean_len = sum(len(e) for e in episodes) / max(len(episodes), 1)
     print(f"{stats.kept} trajectories ({stats.to_dict()['kept_by_hops']} by hops; "
@@ -235,6 +264,7 @@ def run(args: argparse.Namespace) -> int:
         model, tok, episodes, lr=opts["lr"], steps=opts["steps"], epochs=opts["epochs"],
         batch_size=opts["batch_size"], micro_batch_tokens=opts["micro_batch_tokens"],
         warmup=opts["warmup"], seed=opts["seed"], out_dir=out, progress=not args.no_progress,
+        loss_on=opts["loss_on"],
     )
     report: dict[str, Any] = {
         "options": opts, "data": stats.to_dict(), "parameters": n_params,

@@ -17,14 +17,15 @@ expert queries rank the gold passage first under BM25. All entities in one chain
 from __future__ import annotations
 
 import random
+import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from llds.data.example import QAExample
-from llds.errors import ConfigError
+from llds.errors import ConfigError, UserInputError
 from llds.io import write_json, write_jsonl
 
 ENTITY_TYPES = ("country", "city", "person", "river", "currency")
@@ -252,6 +253,21 @@ class WorldConfig:
         for key in ("question_templates_per_relation", "passage_templates_per_relation"):
             if not 1 <= getattr(self, key) <= 4:
                 raise ConfigError(f"world.{key} must be in 1..4, got {getattr(self, key)}")
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, where: str = "world") -> WorldConfig:
+        """Inverse of `to_dict` (as stored in world.json); unknown keys are an error."""
+        unknown = sorted(set(data) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ConfigError(f"{where}: unknown world config key(s) {unknown}")
+        values = dict(data)
+        if "relations" in values:
+            values["relations"] = tuple(values["relations"])
+        if "hop_mix" in values:
+            values["hop_mix"] = {int(k): float(v) for k, v in values["hop_mix"].items()}
+        cfg = cls(**values)
+        cfg.validate()
+        return cfg
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -594,6 +610,84 @@ def generate_world(config: WorldConfig | None = None) -> World:
     corpus, fact_doc = _build_corpus(rng, cfg, entities, facts)
     train, test, available = _make_examples(rng, cfg, entities, facts, fact_doc)
     return World(cfg, entities, facts, fact_doc, corpus, train, test, available)
+
+
+def relabel_world(world: World, seed: int) -> World:
+    """The same world with entity names permuted within each type (a new set of facts).
+
+    Why: a tiny model warm-started on one world can memorize its facts instead of learning to
+    copy names from the question and the passages. Relabeled copies keep every name, template
+    and chain shape but attach the names to different facts, so the only strategy that works on
+    all copies is reading: it is name-permutation augmentation for the warm start. The copy
+    shares the vocabulary of the original (a tokenizer fitted on one fits both), questions get
+    ids suffixed `:perm{seed}`, and every chain stays answerable from the relabeled corpus.
+    """
+    rng = random.Random(f"relabel:{seed}")
+    mapping: dict[str, str] = {}
+    for etype in ENTITY_TYPES:
+        names = [e.name for e in world.entities if e.type == etype]
+        shuffled = names[:]
+        rng.shuffle(shuffled)
+        mapping.update(zip(names, shuffled, strict=True))
+    if not mapping:
+        return world
+    pattern = re.compile(r"\b(" + "|".join(map(re.escape, sorted(mapping, key=len, reverse=True)))
+                         + r")\b")
+
+    def text(s: str) -> str:
+        return pattern.sub(lambda m: mapping[m.group(1)], s)
+
+    def value(v: Any) -> Any:
+        if isinstance(v, str):
+            return text(v)
+        if isinstance(v, list | tuple):
+            return type(v)(value(x) for x in v)
+        if isinstance(v, dict):
+            return {k: value(x) for k, x in v.items()}
+        return v
+
+    facts = {(mapping[s], r): mapping[o] for (s, r), o in world.facts.items()}
+    fact_doc = {(mapping[s], r): d for (s, r), d in world.fact_doc.items()}
+    corpus = [{**row, "contents": text(row["contents"])} for row in world.corpus]
+
+    def example(ex: QAExample) -> QAExample:
+        return replace(ex, id=f"{ex.id}:perm{seed}", question=text(ex.question),
+                       answers=value(ex.answers), metadata=value(ex.metadata))
+
+    # the entities (names, types, syllables) are the same set: only the facts moved
+    return World(world.config, list(world.entities), facts, fact_doc, corpus,
+                 [example(ex) for ex in world.train], [example(ex) for ex in world.test],
+                 dict(world.available_chains))
+
+
+def read_world(folder: str | Path) -> World:
+    """The `World` a folder from `write_world` holds, regenerated from its world.json config.
+
+    Generation is deterministic, so the config is the whole world; the folder's corpus.jsonl is
+    checked against the regenerated one so an edited folder is reported instead of silently
+    replaced.
+    """
+    import json
+
+    from llds.retrieval.corpus import read_corpus
+
+    folder = Path(folder)
+    meta_path, corpus_path = folder / "world.json", folder / "corpus.jsonl"
+    if not meta_path.is_file() or not corpus_path.is_file():
+        raise UserInputError(f"{folder}: not a world folder (needs world.json and corpus.jsonl; "
+                             "create one with `llds world --out DIR`)")
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise UserInputError(f"{meta_path}: not valid JSON ({err})") from err
+    if not isinstance(meta, dict) or not isinstance(meta.get("config"), dict):
+        raise UserInputError(f"{meta_path}: no 'config' object (not written by `llds world`?)")
+    world = generate_world(WorldConfig.from_dict(meta["config"], where=str(meta_path)))
+    on_disk = [(p.id, p.contents) for p in read_corpus(corpus_path)]
+    if on_disk != [(d["id"], d["contents"]) for d in world.corpus]:
+        raise UserInputError(f"{corpus_path}: differs from the world its world.json describes "
+                             "(edited by hand, or written by another version)")
+    return world
 
 
 def _flashrag_row(ex: QAExample) -> dict[str, Any]:

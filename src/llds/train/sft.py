@@ -7,7 +7,8 @@ so that RL still has headroom (multi-hop questions, in particular).
 
 Loss: the mean over every loss-mask token of the optimizer batch (a masked token-mean), so the
 result does not depend on how the batch is split into micro-batches. Observation and prompt tokens
-are context only. Logits are computed only at the positions that predict a loss token.
+are context only, unless `loss_on="all"` (see `sft_train`). Logits are computed only at the
+positions that predict a loss token.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -61,7 +62,18 @@ class SFTResult:
         return sum(tail) / len(tail) if tail else float("nan")
 
 
-def _pad_batch(episodes: Sequence[ExpertEpisode], pad_id: int) -> tuple[Tensor, Tensor, Tensor]:
+LossOn = Literal["actions", "all"]
+
+
+def _loss_mask(ep: ExpertEpisode, loss_on: LossOn) -> list[int]:
+    """Which tokens of `ep` are predicted: its action tokens, or (`all`) every token but the first
+    (prompt and observations too: language modelling of questions and passages)."""
+    return ep.loss_mask if loss_on == "actions" else [0] + [1] * (len(ep) - 1)
+
+
+def _pad_batch(
+    episodes: Sequence[ExpertEpisode], pad_id: int, loss_on: LossOn = "actions"
+) -> tuple[Tensor, Tensor, Tensor]:
     """Right-pad to the longest row: `(input_ids, attention_mask, loss_mask)`, all `[B, L]`."""
     width = max(len(e) for e in episodes)
     ids = torch.full((len(episodes), width), pad_id, dtype=torch.long)
@@ -71,7 +83,7 @@ def _pad_batch(episodes: Sequence[ExpertEpisode], pad_id: int) -> tuple[Tensor, 
         n = len(ep)
         ids[i, :n] = torch.tensor(ep.input_ids, dtype=torch.long)
         attn[i, :n] = 1
-        loss[i, :n] = torch.tensor(ep.loss_mask, dtype=torch.bool)
+        loss[i, :n] = torch.tensor(_loss_mask(ep, loss_on), dtype=torch.bool)
     return ids, attn, loss
 
 
@@ -239,6 +251,7 @@ def sft_train(
     log_every: int = 1,
     progress: bool = True,
     save: bool = True,
+    loss_on: LossOn = "actions",
 ) -> SFTResult:
     """Train `model` in place on the action tokens of `episodes`; return the loss curve.
 
@@ -249,7 +262,14 @@ def sft_train(
     skipped. With `out_dir`: `sft_metrics.jsonl` (step, loss, tokens, lr, grad_norm),
     `sft_loss.png`, `sft_summary.json`, and (with `save`) the model and tokenizer in
     `out_dir/model`, written atomically.
+
+    `loss_on="all"` also trains on the prompt and observation tokens. Predicting passages that
+    repeat the names of the question and of earlier passages is what grows copying (induction)
+    circuits; a small model trained on its actions alone tends to emit the names it saw most
+    often instead of the ones it read. RL still trains on actions only.
     """
+    if loss_on not in ("actions", "all"):
+        raise ConfigError(f"sft.loss_on: {loss_on!r} is not one of 'actions', 'all'")
     _check_args(episodes, lr, steps, epochs, batch_size, micro_batch_tokens, warmup, max_grad_norm)
     n = len(episodes)
     batch_size = min(batch_size, n)
@@ -281,11 +301,11 @@ def sft_train(
                 for group in optimizer.param_groups:
                     group["lr"] = current_lr
                 batch = [episodes[i] for i in rows]
-                n_tokens = sum(sum(e.loss_mask[1:]) for e in batch)
+                n_tokens = sum(sum(_loss_mask(e, loss_on)[1:]) for e in batch)
                 optimizer.zero_grad(set_to_none=True)
                 loss_sum = 0.0
                 for micro in plan_micro_batches([len(e) for e in batch], micro_batch_tokens):
-                    ids, attn, mask = _pad_batch([batch[i] for i in micro], pad_id)
+                    ids, attn, mask = _pad_batch([batch[i] for i in micro], pad_id, loss_on)
                     part, _ = masked_token_loss_sum(
                         model, ids.to(device), attn.to(device), mask.to(device)
                     )
@@ -328,6 +348,7 @@ def sft_train(
                 "episodes": n,
                 "batch_size": batch_size,
                 "lr": lr,
+                "loss_on": loss_on,
                 "initial_loss": losses[0],
                 "final_loss": sum(losses[-5:]) / len(losses[-5:]),
                 "skipped_steps": skipped,

@@ -129,6 +129,20 @@ class ExpertDataStats:
     skipped_no_gold_in_retrieval: int = 0
     kept_by_hops: dict[int, int] = field(default_factory=dict)
 
+    def merged(self, other: ExpertDataStats) -> ExpertDataStats:
+        """The counts of both (e.g. a world and its relabeled copies)."""
+        hops = dict(self.kept_by_hops)
+        for h, n in other.kept_by_hops.items():
+            hops[h] = hops.get(h, 0) + n
+        return ExpertDataStats(
+            considered=self.considered + other.considered,
+            kept=self.kept + other.kept,
+            skipped_hops=self.skipped_hops + other.skipped_hops,
+            skipped_no_gold_in_retrieval=self.skipped_no_gold_in_retrieval
+            + other.skipped_no_gold_in_retrieval,
+            kept_by_hops=hops,
+        )
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "considered": self.considered,
