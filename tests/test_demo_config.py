@@ -1,10 +1,11 @@
 """The demo's training configs and the organism preset pass the config validator."""
 
+import json
 from pathlib import Path
 
 import yaml
 
-from llds.demo import training_config
+from llds.demo import DemoConfig, training_config, warm_start
 from llds.train.config import load_config
 
 
@@ -28,3 +29,15 @@ def test_shipped_presets_validate():
     assert (paper.rollout.group_size, paper.optim.lr, paper.algo.kl_coef) == (5, 1e-6, 0.001)
     assert (paper.algo.llds.gate, paper.algo.llds.coef, paper.retriever.topk) == ("action", 0.2, 3)
     assert (paper.rollout.max_turns, paper.eval_max_turns) == (3, 4)
+
+
+def test_warm_start_trains_on_the_world_and_its_relabeled_copies(tmp_path):
+    from rich.console import Console
+
+    cfg = DemoConfig(out=str(tmp_path), relabel_copies=1, sft_steps=2, hidden=32, layers=1)
+    warm_start(cfg, tmp_path, Console(quiet=True))
+    report = json.loads((tmp_path / "sft" / "sft_report.json").read_text())
+    world = json.loads((tmp_path / "world" / "world.json").read_text())
+    assert report["data"]["considered"] == 2 * world["stats"]["train"]  # world + one copy
+    assert report["options"]["loss_on"] == "all" and report["options"]["name_tokens"] is True
+    assert (tmp_path / "sft" / "model" / "config.json").is_file()

@@ -1,9 +1,9 @@
 """The main job on the embedded default: the organism world, a warm start, GRPO vs GRPO+LLDS.
 
 1. Build the target world (fictional entities, a passage corpus, 1-3 hop questions).
-2. Warm-start a tiny Qwen2 with SFT on expert search trajectories from OTHER random worlds:
-   their entity names are different, so memorizing facts cannot work and the model has to learn
-   the protocol and copying names from the question and the passages.
+2. Warm-start a tiny Qwen2 with SFT on expert search trajectories of its training questions and
+   of relabeled copies of the world (the same names attached to other facts), so memorizing facts
+   cannot work and the model has to learn the protocol and copying names from what it reads.
 3. Train GRPO and GRPO+LLDS from the same start and seed, side by side (one process each).
 4. Evaluate the start and both results greedily on held-out questions; write the report.
 """
@@ -28,8 +28,8 @@ TEMPLATE = "Question: {question}\n"
 class DemoConfig:
     out: str = "runs/demo"
     seed: int = 0
-    sft_worlds: int = 6
-    sft_steps: int = 400
+    relabel_copies: int = 8
+    sft_steps: int = 1200
     sft_lr: float = 3e-3
     hidden: int = 128
     layers: int = 2
@@ -86,53 +86,37 @@ def _rollout_cfg():
 
 
 def warm_start(cfg: DemoConfig, out: Path, console) -> None:
-    import torch
-
+    """The target world, then `llds sft` on it and on relabeled copies of it (see `sft_args`)."""
+    from llds.cli import main as cli_main
     from llds.data.world import WorldConfig, generate_world, write_world
-    from llds.models.bpe import train_bpe_tokenizer
-    from llds.models.tiny import tiny_causal_lm_for
-    from llds.retrieval.factory import build_retriever
-    from llds.train.sft import sft_train
-    from llds.train.sft_data import EXPERT_PHRASES, build_expert_episodes
 
-    torch.set_num_threads(min(2, os.cpu_count() or 1))
-    target = generate_world(WorldConfig.preset("organism", seed=cfg.seed))
-    write_world(target, out / "world")
-    others = [
-        generate_world(WorldConfig.preset("organism", seed=cfg.seed + 1000 + i))
-        for i in range(cfg.sft_worlds)
-    ]
-    # the tokenizer is fitted on the warm-start worlds only: the target world's names then split
-    # into syllable pieces the model has seen, so copying them can transfer
-    texts: list[str] = []
-    for w in others:
-        texts += [d["contents"] for d in w.corpus] + [q.question for q in (*w.train, *w.test)]
-    texts += [*EXPERT_PHRASES] * 5 + [TEMPLATE]
-    tok = train_bpe_tokenizer(texts, vocab_size=700)
-    episodes = []
-    for w in others:
-        retriever = build_retriever(w.corpus, show_progress=False)
-        eps, _ = build_expert_episodes(
-            w.train, retriever, tok, template=TEMPLATE, topk=2, max_obs_tokens=120, seed=cfg.seed
-        )
-        episodes += eps
+    write_world(generate_world(WorldConfig.preset("organism", seed=cfg.seed)), out / "world")
+    (out / "prompt.txt").write_text(TEMPLATE, encoding="utf-8")
     console.print(
-        f"[bold]warm start[/]: {len(episodes)} expert trajectories from "
-        f"{cfg.sft_worlds} other worlds, vocab {len(tok)}"
+        f"[bold]warm start[/]: expert trajectories on the world and {cfg.relabel_copies} "
+        "relabeled copies (names moved to other facts), loss on every token"
     )
-    model = tiny_causal_lm_for(tok, hidden_size=cfg.hidden, num_layers=cfg.layers, seed=cfg.seed)
-    sft_train(
-        model,
-        tok,
-        episodes,
-        lr=cfg.sft_lr,
-        steps=cfg.sft_steps,
-        batch_size=16,
-        warmup=20,
-        seed=cfg.seed,
-        out_dir=out / "sft",
-        log_every=50,
-    )
+    if cli_main(sft_args(cfg, out)) != 0:
+        raise RuntimeError(f"warm start failed; see the messages above ({out / 'sft'})")
+
+
+def sft_args(cfg: DemoConfig, out: Path) -> list[str]:
+    """The `llds sft` command line of the demo's warm start.
+
+    Why this recipe: trained on its own world, a tiny model memorizes which names go with which
+    relation and answers from memory; relabeled copies put the same names on other facts, so only
+    copying names from the question and the passages works on all of them. Loss on every token
+    (passages too) grows that copying; one token per entity name makes a copy a single step.
+    """
+    return [
+        "sft", "--world", str(out / "world"), "--tiny", "--tokenizer-vocab", "700",
+        "--name-tokens", "--hidden", str(cfg.hidden), "--layers", str(cfg.layers),
+        "--relabel-copies", str(cfg.relabel_copies), "--loss-on", "all", "--no-think",
+        "--topk", "2", "--max-obs-tokens", "120", "--prompt-template", str(out / "prompt.txt"),
+        "--steps", str(cfg.sft_steps), "--lr", str(cfg.sft_lr), "--batch-size", "16",
+        "--warmup", "20", "--seed", str(cfg.seed), "--threads", str(min(2, os.cpu_count() or 1)),
+        "--out", str(out / "sft"),
+    ]
 
 
 def evaluate_model(model_dir: Path, out: Path, result_path: Path, n: int) -> dict[str, Any]:
