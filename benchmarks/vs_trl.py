@@ -3,13 +3,19 @@
 Both trainers get the same initial weights (a tiny random Qwen2, or SmolLM2-135M with
 `--model smollm2`), the same P prompts in every step, G completions per prompt of exactly N
 tokens (end-of-sequence masked until N: `rollout.min_turn_tokens` here, `min_new_tokens` in
-TRL), the same exact-match reward on the completion text, AdamW with the same settings, M
-optimizer steps per generation batch (so both recompute old log-probs once), fp32, single turn
-(no retrieval), no KL / reference model, no LLDS, no post-update diagnostics.
+TRL), the same exact-match reward on the completion text, AdamW with the same settings and the
+same fused kernel (TRL's default on torch >= 2.8, ours whenever the parameters allow it), M
+optimizer steps per generation batch (so both need pi_old of every completion token), fp32,
+single turn (no retrieval), no KL / reference model, no LLDS, no post-update diagnostics.
+
+pi_old: TRL recomputes it with a no-grad forward pass over the batch. Ours runs twice: with
+`algo.old_logprobs=recompute` (the same extra pass as TRL) and with its default `auto`, which
+in fp32 takes pi_old from the logits the completions were sampled from (the same numbers, to
+float rounding, without the extra pass).
 
 A step is one generation batch and its M optimizer steps. Tokens counted per step: generated
 completion tokens (P x G x N) plus the real (unpadded) prompt + completion tokens that go
-through the optimizer forward+backward; the old-log-prob pass is done by both and not counted.
+through the optimizer forward+backward; the old-log-prob pass is not counted.
 
     python benchmarks/vs_trl.py [--prompts 8] [--group 4] [--tokens 64] [--mini-batches 2]
                                 [--repeats 3] [--model tiny|smollm2]
@@ -66,7 +72,7 @@ def build_model(args: argparse.Namespace) -> tuple[Any, Any, list]:
     return model, tok, list(world.train[: args.prompts])
 
 
-def run_native(model, tok, examples, args, run_dir: str) -> dict[str, Any]:
+def run_native(model, tok, examples, args, run_dir: str, old_logprobs: str) -> dict[str, Any]:
     cfg = TrainConfig(
         run_dir=run_dir,
         seed=0,
@@ -84,7 +90,12 @@ def run_native(model, tok, examples, args, run_dir: str) -> dict[str, Any]:
             temperature=1.0,
             max_rows=args.prompts * args.group,
         ),
-        algo=AlgoConfig(kl_coef=0.0, aggregation="token-mean", llds=LLDSConfig(enabled=False)),
+        algo=AlgoConfig(
+            kl_coef=0.0,
+            aggregation="token-mean",
+            old_logprobs=old_logprobs,  # type: ignore[arg-type]
+            llds=LLDSConfig(enabled=False),
+        ),
         optim=OptimConfig(
             lr=args.lr, weight_decay=0.0, grad_clip=1.0, mini_batches=args.mini_batches
         ),
@@ -101,6 +112,7 @@ def run_native(model, tok, examples, args, run_dir: str) -> dict[str, Any]:
         m = trainer.train_step()
         dt = time.perf_counter() - t0
         assert m["rollout/response_tokens"] == args.tokens, "completions are not N tokens long"
+        assert m["policy/old_logprobs_from_rollout"] == (old_logprobs == "auto")
         if k:  # the first step is the warm-up
             times.append(dt)
             parts.append(m["time/rollout"])
@@ -111,7 +123,7 @@ def run_native(model, tok, examples, args, run_dir: str) -> dict[str, Any]:
 def run_trl(model, tok, examples, args, run_dir: str) -> dict[str, Any]:
     from datasets import Dataset
     from transformers import TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOConfig, GRPOTrainer, __version__
 
     class Clock(TrainerCallback):
         """Wall clock at train start and after every optimizer step."""
@@ -166,7 +178,7 @@ def run_trl(model, tok, examples, args, run_dir: str) -> dict[str, Any]:
         warmup_steps=0,
         weight_decay=0.0,
         max_grad_norm=1.0,
-        optim="adamw_torch",
+        optim="adamw_torch_fused",
         use_cpu=True,
         bf16=False,  # TRL defaults to bf16 autocast and activation checkpointing: ours does
         gradient_checkpointing=False,  # neither here, so both are off for equal work
@@ -192,7 +204,12 @@ def run_trl(model, tok, examples, args, run_dir: str) -> dict[str, Any]:
     assert set(trainer.lengths) == {args.tokens}, "completions are not N tokens long"
     marks = clock.marks
     cycles = [marks[(k + 1) * m] - marks[k * m] for k in range(1 + args.repeats)]
-    return {"times": cycles[1:], "gen": trainer.gen_times[1:], "prompt_ids": prompts}
+    return {
+        "times": cycles[1:],
+        "gen": trainer.gen_times[1:],
+        "prompt_ids": prompts,
+        "label": f"TRL GRPOTrainer {__version__}",
+    }
 
 
 def main() -> None:
@@ -214,9 +231,12 @@ def main() -> None:
     model, tok, examples = build_model(args)
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        results["ours"] = run_native(copy.deepcopy(model), tok, examples, args, f"{tmp}/ours")
+        for mode in ("auto", "recompute"):
+            results[mode] = run_native(
+                copy.deepcopy(model), tok, examples, args, f"{tmp}/{mode}", mode
+            )
         results["trl"] = run_trl(copy.deepcopy(model), tok, examples, args, f"{tmp}/trl")
-    prompts = results["ours"]["prompt_ids"]
+    prompts = results["auto"]["prompt_ids"]
     assert prompts == [list(p) for p in results["trl"]["prompt_ids"]], "prompt tokens differ"
 
     g, n = args.group, args.tokens
@@ -237,7 +257,11 @@ def main() -> None:
           "| tokens/s | speed vs TRL |")
     print("|---|---|---|---|---|---|")
     base = statistics.median(results["trl"]["times"])
-    for key, label in (("ours", "llds native GRPO"), ("trl", "TRL GRPOTrainer 1.16")):
+    for key, label in (
+        ("auto", "llds native GRPO (pi_old from sampling)"),
+        ("recompute", "llds native GRPO (pi_old recomputed, as TRL)"),
+        ("trl", results["trl"]["label"]),
+    ):
         t = statistics.median(results[key]["times"])
         gen = statistics.median(results[key]["gen"])
         print(f"| {label} | {t:.2f} s | {gen:.2f} s | {t - gen:.2f} s | "

@@ -215,3 +215,57 @@ def test_searching_needs_a_retriever_and_a_sane_minimum(world_tokenizer):
         RolloutEngine(model, world_tokenizer, None, RolloutConfig(max_turns=1))
     with pytest.raises(ConfigError, match="min_turn_tokens"):
         RolloutConfig(max_turn_tokens=8, min_turn_tokens=9).validate()
+
+
+def test_rollout_log_probs_equal_the_trainers_recompute(
+    small_world, world_tokenizer, world_retriever
+):
+    """The engine's log pi / entropy of each sampled token, taken from the logits it sampled
+    from, are the unfiltered policy at the sampling temperature: what the trainer recomputes,
+    even though top-k / top-p / the EOS ban of `min_turn_tokens` shaped the sampling."""
+    from llds.train.forward import batched_log_probs
+
+    tok = world_tokenizer
+    model = _eos_happy(tag_happy(make_tiny_model(tok, seed=9), tok), tok, bias=3.0)
+    base = _requests(small_world, tok, n=12, group=3)
+    reqs = [dataclasses.replace(r, seed=500 + i) for i, r in enumerate(base)]
+    temp = 0.7
+    batch, _ = _generate(
+        model, tok, world_retriever, reqs, temperature=temp, top_k=8, top_p=0.9,
+        min_turn_tokens=3,
+    )
+    assert batch.rollout_logprobs is not None and batch.rollout_entropy is not None
+    assert batch.rollout_logprobs.shape == batch.loss_mask.shape
+    assert sum(e.num_valid_searches for e in batch.episodes) > 0  # observations in between
+    act = batch.loss_mask
+    assert (batch.rollout_logprobs[~act] == 0).all() and (batch.rollout_entropy[~act] == 0).all()
+    model.eval()
+    lp, ent = batched_log_probs(model, batch, 10**6, temperature=temp, with_entropy=True)
+    assert torch.allclose(batch.rollout_logprobs[act], lp[act], atol=1e-4)
+    assert torch.allclose(batch.rollout_entropy[act], ent[act], atol=1e-4)
+    # top-k 8 renormalizes: the filtered distribution's log-probs would be visibly larger
+    assert float((lp[act].exp() < 0.5).float().mean()) > 0.1
+
+    sub = batch.select([7, 0, 4])
+    for j, i in enumerate([7, 0, 4]):
+        w = sub.response_len
+        assert torch.equal(sub.rollout_logprobs[j], batch.rollout_logprobs[i, :w])
+        assert torch.equal(sub.rollout_entropy[j], batch.rollout_entropy[i, :w])
+    sub_lp, _ = batched_log_probs(model, sub, 10**6, temperature=temp)
+    assert torch.allclose(sub.rollout_logprobs[sub.loss_mask], sub_lp[sub.loss_mask], atol=1e-4)
+
+
+def test_groups_share_one_prefill_with_unchanged_rollouts(
+    small_world, world_tokenizer, world_retriever
+):
+    tok = world_tokenizer
+    model = tag_happy(make_tiny_model(tok, seed=10), tok)
+    base = _requests(small_world, tok, n=8, group=4)
+    reqs = [dataclasses.replace(r, seed=900 + i) for i, r in enumerate(base)]
+    grouped, eg = _generate(model, tok, world_retriever, reqs, max_turns=1)
+    alone, ea = _generate(model, tok, world_retriever, reqs, max_turns=1, max_rows=1)
+    for a, b in zip(grouped.episodes, alone.episodes, strict=True):
+        assert a.response_ids == b.response_ids
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4)
+    prompts = sum(len(r.prompt_ids) for r in reqs)
+    assert ea.stats["prefill_tokens"] - eg.stats["prefill_tokens"] == prompts * 3 // 4

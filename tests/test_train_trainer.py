@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -172,6 +173,69 @@ def test_nonfinite_updates_are_skipped_then_stop(
         tr.train()
     assert tr.skipped_updates == 2
     assert all(torch.equal(a, b) for a, b in zip(before, tr.model.parameters(), strict=True))
+
+
+def test_old_log_probs_from_the_rollout_give_the_recomputed_update(
+    tmp_path, small_world, world_tokenizer, world_retriever, monkeypatch
+):
+    """pi_old taken from the sampling passes (fp32) must train exactly like the recompute.
+
+    Without LLDS: its hinge at d = 0 on the first optimizer step turns rounding noise into a
+    gradient, which is why `auto` recomputes when LLDS is on (checked below)."""
+    # nonzero advantages, so the policy loss and LLDS really depend on pi_old
+    monkeypatch.setattr(
+        trainer_mod, "group_advantages", lambda r, g, **k: torch.linspace(-0.5, 1.0, len(r))
+    )
+    runs = {}
+    for mode in ("auto", "rollout", "recompute"):
+        tr = _trainer(
+            tmp_path / mode,
+            small_world,
+            world_tokenizer,
+            world_retriever,
+            ["steps=1", f"algo.old_logprobs={mode}", "algo.llds.enabled=false",
+             "algo.kl_coef=0.1", "algo.entropy_coef=0.01"],
+        )
+        grads: list[list[torch.Tensor]] = []
+        tr.optimizer.register_step_pre_hook(
+            lambda opt, args, kwargs, grads=grads: grads.append(
+                [p.grad.detach().clone() for g in opt.param_groups for p in g["params"]]
+            )
+        )
+        (row,) = tr.train()
+        runs[mode] = (row, grads)
+    assert runs["auto"][0]["policy/old_logprobs_from_rollout"] == 1.0
+    assert runs["rollout"][0]["policy/old_logprobs_from_rollout"] == 1.0
+    assert runs["recompute"][0]["policy/old_logprobs_from_rollout"] == 0.0
+    ref_row, ref_grads = runs["recompute"]
+    assert abs(ref_row["policy/pg_loss"]) > 1e-3 and len(ref_grads) == 2
+    keys = ("policy/pg_loss", "policy/approx_kl", "policy/ratio_mean", "policy/kl",
+            "policy/clip_frac_high", "policy/entropy", "lld/logp_incorrect", "policy/grad_norm")
+    for mode in ("auto", "rollout"):
+        row, grads = runs[mode]
+        for key in keys:
+            assert row[key] == pytest.approx(ref_row[key], rel=1e-4, abs=1e-6), key
+        for step, ref_step in zip(grads, ref_grads, strict=True):  # both optimizer steps
+            for a, b in zip(step, ref_step, strict=True):
+                assert torch.allclose(a, b, rtol=1e-3, atol=1e-6)
+
+
+def test_auto_recomputes_old_log_probs_with_llds_or_low_precision(
+    tmp_path, small_world, world_tokenizer, world_retriever
+):
+    tr = _trainer(tmp_path, small_world, world_tokenizer, world_retriever)
+    known = SimpleNamespace(rollout_logprobs=torch.zeros(1, 1), rollout_entropy=torch.zeros(1, 1))
+    assert tr.cfg.algo.llds.enabled and tr.cfg.algo.llds.coef > 0
+    assert not tr._old_logprobs_from_rollout(known)  # LLDS on: recompute
+    tr.cfg.algo.llds.enabled = False
+    assert tr._old_logprobs_from_rollout(known)
+    assert not tr._old_logprobs_from_rollout(
+        SimpleNamespace(rollout_logprobs=None, rollout_entropy=None)
+    )
+    tr.model.to(torch.bfloat16)
+    assert not tr._old_logprobs_from_rollout(known)
+    tr.cfg.algo.old_logprobs = "rollout"
+    assert tr._old_logprobs_from_rollout(known)
 
 
 # --------------------------------------------------------------------- kill and resume

@@ -38,11 +38,28 @@ class Episode:
     retrieved_texts: list[str] = field(default_factory=list)
     stop_reason: str = ""  # answer | eos | turn_limit | context_limit
     metadata: dict[str, Any] = field(default_factory=dict)
+    logprobs: list[float] | None = field(default_factory=list)
+    """log pi(token) of each response token under the sampling model (0 for observations);
+    None once an action was appended without them"""
+    entropies: list[float] | None = field(default_factory=list)
+    """entropy of the sampling model's next-token distribution at each response token"""
 
-    def append(self, ids: list[int], *, action: bool) -> None:
+    def append(
+        self,
+        ids: list[int],
+        *,
+        action: bool,
+        logprobs: list[float] | None = None,
+        entropies: list[float] | None = None,
+    ) -> None:
         self.response_ids.extend(ids)
         self.action_mask.extend([int(action)] * len(ids))
         self.answer_mask.extend([0] * len(ids))
+        if action and (logprobs is None or entropies is None):
+            self.logprobs = self.entropies = None  # unknown from here on: the trainer recomputes
+        if self.logprobs is not None and self.entropies is not None:
+            self.logprobs.extend(logprobs if action else [0.0] * len(ids))
+            self.entropies.extend(entropies if action else [0.0] * len(ids))
 
 
 @dataclass
@@ -62,6 +79,11 @@ class RolloutBatch:
     rewards: Tensor  # [B]
     group_ids: list[str]
     episodes: list[Episode]
+    rollout_logprobs: Tensor | None = None
+    """[B, R] float32 log pi(token) computed by the sampling forward passes themselves (0 on
+    observation and padding columns); lets the trainer skip recomputing pi_old. None when any
+    episode lacks them."""
+    rollout_entropy: Tensor | None = None  # [B, R] float32, alongside rollout_logprobs
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -93,6 +115,12 @@ class RolloutBatch:
             rewards=self.rewards[idx],
             group_ids=[self.group_ids[i] for i in idx.tolist()],
             episodes=[self.episodes[i] for i in idx.tolist()],
+            rollout_logprobs=None
+            if self.rollout_logprobs is None
+            else self.rollout_logprobs[idx][:, :last],
+            rollout_entropy=None
+            if self.rollout_entropy is None
+            else self.rollout_entropy[idx][:, :last],
         )
 
     @classmethod
@@ -104,6 +132,14 @@ class RolloutBatch:
         attn = torch.zeros((b, p + r), dtype=torch.long)
         loss = torch.zeros((b, r), dtype=torch.bool)
         ans = torch.zeros((b, r), dtype=torch.bool)
+        known = all(
+            e.logprobs is not None
+            and e.entropies is not None
+            and len(e.logprobs) == len(e.entropies) == len(e.response_ids)
+            for e in episodes
+        )
+        logp = torch.zeros((b, r), dtype=torch.float32) if known else None
+        ent = torch.zeros((b, r), dtype=torch.float32) if known else None
         for i, e in enumerate(episodes):
             n_p, n_r = len(e.prompt_ids), len(e.response_ids)
             ids[i, p - n_p : p] = torch.tensor(e.prompt_ids, dtype=torch.long)
@@ -112,6 +148,9 @@ class RolloutBatch:
                 ids[i, p : p + n_r] = torch.tensor(e.response_ids, dtype=torch.long)
                 loss[i, :n_r] = torch.tensor(e.action_mask, dtype=torch.bool)
                 ans[i, :n_r] = torch.tensor(e.answer_mask, dtype=torch.bool)
+                if logp is not None and ent is not None:
+                    logp[i, :n_r] = torch.tensor(e.logprobs, dtype=torch.float32)
+                    ent[i, :n_r] = torch.tensor(e.entropies, dtype=torch.float32)
         action_index, _ = action_segments(loss)
         return cls(
             input_ids=ids,
@@ -123,4 +162,6 @@ class RolloutBatch:
             rewards=torch.tensor([e.reward for e in episodes], dtype=torch.float32),
             group_ids=[e.group_id for e in episodes],
             episodes=episodes,
+            rollout_logprobs=logp,
+            rollout_entropy=ent,
         )

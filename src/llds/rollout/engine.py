@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from llds.algo.logprobs import token_log_probs_and_entropy
 from llds.env.actions import parse_action
 from llds.env.observation import information_block, invalid_action_message
 from llds.env.rewards import FormatRewardConfig, compute_reward
@@ -114,11 +115,27 @@ class RolloutEngine:
         self.stats["forward_calls"] += 1
         return out.logits[:, -1, :], out.past_key_values, full_mask
 
+    def _prefill(self, pending: list[list[int]], cache, cache_mask: Tensor | None):
+        """`_forward` for a turn's new context; without a cache yet, rows with the same prompt
+        (a GRPO group) share one prefill whose keys/values are then copied out to every row."""
+        if cache is None:
+            distinct: dict[tuple[int, ...], int] = {}
+            inverse = [distinct.setdefault(tuple(f), len(distinct)) for f in pending]
+            if len(distinct) < len(pending):
+                self.stats["prefill_tokens"] += sum(len(f) for f in distinct)
+                logits, cache, mask = self._forward([list(f) for f in distinct], None, None)
+                idx = torch.tensor(inverse, device=logits.device)
+                cache.batch_select_indices(idx)
+                return logits[idx], cache, mask[idx]
+        self.stats["prefill_tokens"] += sum(len(f) for f in pending)
+        return self._forward(pending, cache, cache_mask)
+
     def _run_chunk(
         self, requests: list[RolloutRequest], generator: torch.Generator | None
     ) -> list[Episode]:
         cfg = self.config
         eos_cols = torch.tensor(sorted(self.eos_ids), dtype=torch.long, device=self._device())
+        policy_temp = cfg.temperature if cfg.temperature > 0 else 1.0  # as the trainer scores
         eps = [
             Episode(
                 prompt_ids=list(r.prompt_ids),
@@ -145,31 +162,42 @@ class RolloutEngine:
                 )
                 for i in live
             ]
-            self.stats["prefill_tokens"] += sum(len(p) for p in pending)
-            logits, cache, cache_mask = self._forward(pending, cache, cache_mask)
+            logits, cache, cache_mask = self._prefill(pending, cache, cache_mask)
             turn_ids: list[list[int]] = [[] for _ in live]
+            turn_lp: list[list[float]] = [[] for _ in live]
+            turn_ent: list[list[float]] = [[] for _ in live]
             active = [b > 0 for b in budgets]
             ended_by_eos = [False] * len(live)
             while any(active):
                 # sample only rows still in their turn: a stopped row must not consume randomness
                 act = [r for r in range(len(live)) if active[r]]
-                scores = logits[act]
+                policy = logits[act]
+                scores = policy
                 if cfg.min_turn_tokens:
                     young = [k for k, r in enumerate(act) if len(turn_ids[r]) < cfg.min_turn_tokens]
                     if young and self.eos_ids:
                         rows = torch.tensor(young, device=scores.device)[:, None]
+                        scores = scores.clone()
                         scores[rows, eos_cols] = float("-inf")
-                picked = sample_next_token(
+                picked_t = sample_next_token(
                     scores,
                     temperature=cfg.temperature,
                     top_k=cfg.top_k,
                     top_p=cfg.top_p,
                     generator=generator,
                     row_generators=None if row_gens is None else [row_gens[live[r]] for r in act],
-                ).tolist()
+                )
+                # pi_old of the sampled tokens, from the logits we already have: the policy's own
+                # distribution (unfiltered, unmasked), at the trainer's temperature
+                lp, ent = token_log_probs_and_entropy(
+                    policy, picked_t.to(policy.device), temperature=policy_temp
+                )
+                picked = picked_t.tolist()
                 tokens: list[int | None] = [None] * len(live)
-                for r, tok_id in zip(act, picked, strict=True):
+                for r, tok_id, p, h in zip(act, picked, lp.tolist(), ent.tolist(), strict=True):
                     tokens[r] = tok_id
+                    turn_lp[r].append(p)
+                    turn_ent[r].append(h)
                 feed: list[int | None] = []
                 for row, tok in enumerate(tokens):
                     if tok is None:
@@ -197,7 +225,7 @@ class RolloutEngine:
             for row, ep_index in enumerate(live):
                 ep = eps[ep_index]
                 ids = turn_ids[row]
-                ep.append(ids, action=True)
+                ep.append(ids, action=True, logprobs=turn_lp[row], entropies=turn_ent[row])
                 text = self.tokenizer.decode(ids, skip_special_tokens=False)
                 ep.action_texts.append(text)
                 ep.num_turns += 1

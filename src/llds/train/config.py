@@ -68,6 +68,13 @@ class AlgoConfig:
     kl_coef: float = 0.001
     kl_kind: Literal["k1", "k2", "k3", "low_var_kl", "abs"] = "low_var_kl"
     entropy_coef: float = 0.0
+    old_logprobs: Literal["auto", "rollout", "recompute"] = "auto"
+    """where pi_old comes from. `rollout`: the log-probs the rollout engine computed from the very
+    logits it sampled from (no extra forward pass). `recompute`: a separate no-grad forward over
+    the batch, as most trainers do; needed when generation numerics differ from the training
+    forward's (low-precision kernels). `auto`: rollout for float32 models without LLDS (both
+    agree to float rounding), recompute otherwise: LLDS's hinge max(0, pi_old - pi_theta) sits
+    at exactly 0 on the first optimizer step, where rounding noise alone would open it."""
     llds: LLDSConfig = field(default_factory=LLDSConfig)
     format_reward: bool = False
 

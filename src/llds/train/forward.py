@@ -21,24 +21,76 @@ def response_log_probs(
     """`log pi(y_t | context)` for every response column, `[B, R]` float32.
 
     Only the response columns go through the LM head (`logits_to_keep`): prompts are often
-    longer than responses and their logits are never used.
+    longer than responses and their logits are never used. Rows with the same prompt (a GRPO
+    group) run that prompt once: see `_shared_prompt_logits`.
     """
-    r = batch.response_len
+    r, p = batch.response_len, batch.prompt_len
     device = next(model.parameters()).device
     ids = batch.input_ids.to(device)
     mask = batch.attention_mask.to(device)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    out = model(
-        input_ids=ids,
-        attention_mask=mask,
-        position_ids=positions,
-        use_cache=False,
-        logits_to_keep=r + 1,
-    )
-    logits = out.logits[:, :-1, :]  # position P-1+t predicts response token t
-    labels = ids[:, batch.prompt_len :]
+    logits = _shared_prompt_logits(model, ids, mask, positions, p) if r > 1 else None
+    if logits is None:
+        out = model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=False,
+            logits_to_keep=r + 1,
+        )
+        logits = out.logits[:, :-1, :]  # position P-1+t predicts response token t
+    labels = ids[:, p:]
     t = temperature if temperature > 0 else 1.0
     return token_log_probs_and_entropy(logits, labels, temperature=t, with_entropy=with_entropy)
+
+
+def _shared_prompt_logits(
+    model, ids: Tensor, mask: Tensor, positions: Tensor, p: int
+) -> Tensor | None:
+    """Response-column logits `[B, R, V]` with each distinct prompt run once, or None.
+
+    The G rollouts of a group share their prompt, and causal attention makes the prompt's hidden
+    states independent of what follows. So the distinct prompts go through the model once, their
+    key/value cache is gathered out to the rows, and only the responses run per row. Autograd
+    sums the rows' gradients through the shared prompt pass, which is exactly the gradient of
+    running it per row; only float rounding differs. None when no prompt repeats, or when the
+    model cannot carry a cache with gradients (activation checkpointing drops it in training).
+    """
+    if model.training and _checkpointing(model):
+        return None
+    key = torch.cat([ids[:, :p], mask[:, :p]], dim=1)
+    uniq, inverse = torch.unique(key, dim=0, return_inverse=True)
+    b, u = ids.shape[0], uniq.shape[0]
+    if u == b:
+        return None
+    rows = torch.arange(b, device=ids.device)
+    first = torch.full((u,), b, dtype=torch.long, device=ids.device)
+    first = first.scatter_reduce(0, inverse, rows, reduce="amin")  # one row per distinct prompt
+    head = model(
+        input_ids=ids[first, :p],
+        attention_mask=mask[first, :p],
+        position_ids=positions[first, :p],
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    cache = head.past_key_values
+    if not hasattr(cache, "batch_select_indices") or cache.get_seq_length() != p:
+        return None  # no cache, or one that cannot be gathered to rows: the plain path
+    cache.batch_select_indices(inverse)  # the prompt's keys/values, one copy per row
+    tail = model(
+        input_ids=ids[:, p:-1],
+        attention_mask=mask[:, :-1],
+        position_ids=positions[:, p:-1],
+        past_key_values=cache,
+        use_cache=True,
+    )
+    # the prompt's last position predicts response token 0; response position t predicts t + 1
+    return torch.cat([head.logits[inverse], tail.logits], dim=1)
+
+
+def _checkpointing(model) -> bool:
+    """Activation checkpointing is on somewhere (HF sets the flag on each checkpointed layer)."""
+    return any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
 
 
 def pack_by_length(

@@ -1,7 +1,8 @@
 """The GRPO (+LLDS) training loop for search agents.
 
 One step: sample a rollout batch (G rollouts per question, multi-turn, with search) -> reward ->
-group advantages -> old log-probs recomputed by the trainer -> reference log-probs (KL) ->
+group advantages -> old log-probs (from the rollout's own sampling passes in float32, else a
+no-grad forward pass) -> reference log-probs (KL) ->
 `mini_batches x epochs` optimizer steps on policy loss + KL + entropy bonus + LLDS -> LLD
 diagnostics -> metrics -> periodic atomic checkpoint.
 """
@@ -144,6 +145,7 @@ class GRPOTrainer:
             betas=tuple(cfg.optim.betas),
             eps=cfg.optim.eps,
             weight_decay=cfg.optim.weight_decay,
+            fused=_fusable(params),
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_lambda(cfg.optim.schedule, cfg.optim.warmup_steps, cfg.steps)
@@ -245,10 +247,14 @@ class GRPOTrainer:
         t1 = time.perf_counter()
         temp = cfg.rollout.temperature
         budget = cfg.optim.micro_batch_tokens
-        self.model.eval()
-        old_logp, entropy = batched_log_probs(
-            self.model, batch, budget, temperature=temp, with_entropy=True
-        )
+        from_rollout = self._old_logprobs_from_rollout(batch)
+        if from_rollout:
+            old_logp, entropy = batch.rollout_logprobs, batch.rollout_entropy
+        else:
+            self.model.eval()
+            old_logp, entropy = batched_log_probs(
+                self.model, batch, budget, temperature=temp, with_entropy=True
+            )
         t_old = time.perf_counter() - t1
         ref_logp = None
         t2 = time.perf_counter()
@@ -279,6 +285,7 @@ class GRPOTrainer:
                 "time/step": time.perf_counter() - t0,
                 "throughput/rollout_tokens_per_s": model_tokens / max(t_rollout, 1e-9),
                 "lr": self.scheduler.get_last_lr()[0],
+                "policy/old_logprobs_from_rollout": float(from_rollout),
                 "dist/processes": self.dist.world,
             }
         )
@@ -370,6 +377,21 @@ class GRPOTrainer:
             )
             self._prompt_cache[ex.id] = ids
         return ids
+
+    def _old_logprobs_from_rollout(self, batch: RolloutBatch) -> bool:
+        """Take pi_old from the rollout (saving a forward pass over the whole batch) when the
+        config allows it and the engine recorded them; see `AlgoConfig.old_logprobs`."""
+        algo = self.cfg.algo
+        if (
+            algo.old_logprobs == "recompute"
+            or batch.rollout_logprobs is None
+            or batch.rollout_entropy is None
+        ):
+            return False
+        if algo.old_logprobs == "rollout":
+            return True
+        llds_on = algo.llds.enabled and algo.llds.coef > 0  # read per step: rollback turns it on
+        return not llds_on and all(p.dtype == torch.float32 for p in self.model.parameters())
 
     def _answer_weight(self, batch: RolloutBatch) -> float:
         lc = self.cfg.algo.llds
@@ -595,6 +617,13 @@ class GRPOTrainer:
 def rollout_seed(seed: int, step: int, row: int) -> int:
     """A distinct 62-bit sampling seed per (run seed, step, global rollout index)."""
     return ((seed * 1_000_003 + step) * 1_000_033 + row) % (1 << 62)
+
+
+def _fusable(params: Sequence[torch.nn.Parameter]) -> bool:
+    """Whether AdamW can use its fused kernel: the same update in one pass over each tensor
+    instead of a handful of elementwise ops (the default per-tensor loop is several times slower
+    on CPU)."""
+    return all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
 
 
 def _split(order: list[int], parts: int) -> list[list[int]]:

@@ -1,0 +1,166 @@
+"""Response log-probs with each distinct prompt run once (`_shared_prompt_logits`) against the
+plain whole-row forward and against a per-row full log-softmax: same values, same gradients,
+and a clean fallback where a shared prompt cache cannot be used."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import make_tiny_model
+from llds.rollout.batch import Episode, RolloutBatch
+from llds.train import forward as forward_mod
+from llds.train.forward import batched_log_probs, response_log_probs
+
+
+def _batch(vocab: int, pad_id: int, *, group: int = 3, seed: int = 0) -> RolloutBatch:
+    """Prompts of different lengths (so left padding differs), `group` rows per prompt with
+    responses of different lengths (right padding), observation tokens in the middle."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def ids(n: int) -> list[int]:
+        return torch.randint(5, vocab, (n,), generator=gen).tolist()
+
+    episodes = []
+    for k, p_len in enumerate((7, 11, 4)):
+        prompt = ids(p_len)
+        for i in range(group):
+            ep = Episode(prompt_ids=prompt, example_id=str(k), group_id=str(k), golds=("x",))
+            n = 3 + 2 * i + k
+            ep.append(ids(n), action=True, logprobs=[0.0] * n, entropies=[0.0] * n)
+            ep.append(ids(2), action=False)
+            ep.append(ids(i + 1), action=True, logprobs=[0.0] * (i + 1), entropies=[0.0] * (i + 1))
+            episodes.append(ep)
+    return RolloutBatch.from_episodes(episodes, pad_id)
+
+
+def _per_row_reference(model, batch: RolloutBatch, temperature: float):
+    """Each row alone, unpadded, full log-softmax: shares no code with `response_log_probs`."""
+    p = batch.prompt_len
+    logp = torch.zeros(batch.loss_mask.shape)
+    ent = torch.zeros(batch.loss_mask.shape)
+    for i in range(len(batch)):
+        real = batch.attention_mask[i].bool()
+        row = batch.input_ids[i][real]
+        n_prompt = int(batch.attention_mask[i, :p].sum())
+        logits = model(input_ids=row[None]).logits[0, n_prompt - 1 : -1].float() / temperature
+        lsm = torch.log_softmax(logits, dim=-1)
+        n = len(row) - n_prompt
+        logp[i, :n] = lsm.gather(-1, row[n_prompt:, None]).squeeze(-1)
+        ent[i, :n] = -(lsm.exp() * lsm).sum(-1)
+    return logp, ent
+
+
+def _plain(monkeypatch):
+    monkeypatch.setattr(forward_mod, "_shared_prompt_logits", lambda *a, **k: None)
+
+
+def _loss_and_grads(model, batch, temperature=0.8):
+    """A loss touching log-probs and entropy of every real response token, and its gradient."""
+    model.zero_grad(set_to_none=True)
+    lp, ent = response_log_probs(model, batch, temperature=temperature, with_entropy=True)
+    real = batch.attention_mask[:, batch.prompt_len :].float()
+    weights = torch.linspace(-1.0, 1.0, lp.numel()).view_as(lp)
+    loss = (lp * weights * real).sum() + 0.1 * (ent * real).sum()
+    loss.backward()
+    return lp.detach(), ent.detach(), [p.grad.clone() for p in model.parameters()]
+
+
+def _spy(monkeypatch) -> list[bool]:
+    """Record whether each `_shared_prompt_logits` call took the shared path."""
+    taken: list[bool] = []
+    real = forward_mod._shared_prompt_logits
+
+    def spy(*a, **k):
+        out = real(*a, **k)
+        taken.append(out is not None)
+        return out
+
+    monkeypatch.setattr(forward_mod, "_shared_prompt_logits", spy)
+    return taken
+
+
+def test_shared_prompt_pass_gives_the_same_log_probs_and_gradients(world_tokenizer, monkeypatch):
+    model = make_tiny_model(world_tokenizer, seed=3)
+    model.train()
+    batch = _batch(len(world_tokenizer), world_tokenizer.pad_token_id)
+    assert len(set(batch.attention_mask[:, : batch.prompt_len].sum(-1).tolist())) == 3
+    real = batch.attention_mask[:, batch.prompt_len :].bool()
+
+    with monkeypatch.context() as m:
+        taken = _spy(m)
+        lp, ent, grads = _loss_and_grads(model, batch)
+    assert taken == [True]
+    with monkeypatch.context() as m:
+        _plain(m)
+        lp0, ent0, grads0 = _loss_and_grads(model, batch)
+    with torch.no_grad():
+        ref_lp, ref_ent = _per_row_reference(model, batch, 0.8)
+
+    for got in (lp, lp0):
+        assert torch.allclose(got[real], ref_lp[real], atol=1e-5)
+    for got in (ent, ent0):
+        assert torch.allclose(got[real], ref_ent[real], atol=1e-5)
+    assert any(g.abs().sum() > 0 for g in grads)
+    for g, g0 in zip(grads, grads0, strict=True):
+        assert torch.allclose(g, g0, rtol=1e-4, atol=1e-6)
+
+
+def test_no_grad_micro_batches_match_the_reference(world_tokenizer):
+    model = make_tiny_model(world_tokenizer, seed=4).eval()
+    batch = _batch(len(world_tokenizer), world_tokenizer.pad_token_id, group=4, seed=1)
+    real = batch.attention_mask[:, batch.prompt_len :].bool()
+    with torch.no_grad():
+        ref_lp, ref_ent = _per_row_reference(model, batch, 1.0)
+    for budget in (60, 10**6):  # a few rows per micro-batch, and all rows at once
+        lp, ent = batched_log_probs(model, batch, budget, with_entropy=True)
+        assert torch.allclose(lp[real], ref_lp[real], atol=1e-5)
+        assert torch.allclose(ent[real], ref_ent[real], atol=1e-5)
+
+
+def test_gradient_checkpointing_falls_back_to_the_plain_pass(world_tokenizer, monkeypatch):
+    model = make_tiny_model(world_tokenizer, seed=5)
+    batch = _batch(len(world_tokenizer), world_tokenizer.pad_token_id)
+    model.train()
+    _, _, grads0 = _loss_and_grads(model, batch)
+    model.gradient_checkpointing_enable()
+    taken = _spy(monkeypatch)
+    _, _, grads = _loss_and_grads(model, batch)
+    assert taken == [False]
+    for g, g0 in zip(grads, grads0, strict=True):
+        assert torch.allclose(g, g0, rtol=1e-4, atol=1e-6)
+
+
+class _NoSelectCache:
+    """A cache that cannot be gathered to rows (no `batch_select_indices`)."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+
+    def get_seq_length(self) -> int:
+        return self.inner.get_seq_length()
+
+
+class _Wrapped(torch.nn.Module):
+    def __init__(self, model) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, **kwargs):
+        out = self.model(**kwargs)
+        if out.past_key_values is not None:
+            out.past_key_values = _NoSelectCache(out.past_key_values)
+        return out
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_a_cache_without_batch_select_falls_back(world_tokenizer, monkeypatch, grad):
+    model = make_tiny_model(world_tokenizer, seed=6)
+    batch = _batch(len(world_tokenizer), world_tokenizer.pad_token_id)
+    real = batch.attention_mask[:, batch.prompt_len :].bool()
+    taken = _spy(monkeypatch)
+    with torch.set_grad_enabled(grad):
+        lp, _ = response_log_probs(_Wrapped(model), batch)
+        ref, _ = _per_row_reference(model, batch, 1.0)
+    assert taken == [False]
+    assert torch.allclose(lp[real], ref[real], atol=1e-5)
