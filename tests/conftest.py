@@ -97,3 +97,23 @@ def write_run_inputs(root, world, tok, **sections) -> Path:
     path = root / "cfg.yaml"
     path.write_text(json.dumps(cfg))
     return path
+
+
+# overrides for a tiny, fast training config on `small_world` (paths filled in by each test)
+TRAIN_BASE = [
+    "model.path=unused",
+    "data.train=unused",
+    "retriever.source=unused",
+    "data.prompt_template=Question: {question}\n",
+    "prompts_per_step=2",
+    "rollout.group_size=3",
+    "rollout.max_turns=1",
+    "rollout.max_turn_tokens=12",
+    "rollout.max_total_tokens=200",
+    "rollout.max_obs_tokens=40",
+    "optim.lr=1e-3",
+    "optim.mini_batches=2",
+    "logging.tensorboard=false",
+    "logging.progress=false",
+    "save_every=100",
+]

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
-from conftest import make_tiny_model
+from conftest import TRAIN_BASE, make_tiny_model
+from llds.errors import ConfigError
 from llds.rollout import RolloutConfig
+from llds.train.config import load_config
 from llds.train.evaluate import evaluate
 from llds.train.periodic_eval import PeriodicEvaluator, eval_metrics, is_due
+from llds.train.trainer import GRPOTrainer
+
+BASE = [*TRAIN_BASE, "rollout.max_turn_tokens=10", "diagnostics.enabled=false", "steps=3"]
 
 
 def test_eval_metrics_flatten_overall_and_hops() -> None:
@@ -48,3 +54,33 @@ def test_evaluator_matches_evaluate_restores_mode_and_draws_no_randomness(
     saved = json.loads((tmp_path / "eval" / "step_000007.json").read_text())
     assert [r["prediction"] for r in saved["records"]] == [
         r["prediction"] for r in ref["records"]]
+
+
+def test_trainer_logs_eval_without_changing_training(
+    tmp_path, small_world, world_tokenizer, world_retriever
+) -> None:
+    runs = {}
+    for name, extra in (("plain", []), ("eval", ["eval_every=2"])):
+        cfg = load_config(None, [*BASE, f"run_dir={tmp_path / name}", *extra])
+        tr = GRPOTrainer(cfg, model=make_tiny_model(world_tokenizer), tokenizer=world_tokenizer,
+                         retriever=world_retriever, train_examples=small_world.train,
+                         eval_examples=small_world.test[:4], resume=False)
+        runs[name] = tr.train()
+    plain, with_eval = runs["plain"], runs["eval"]
+    assert [("eval/em" in r) for r in with_eval] == [False, True, True]  # step 2 and the last
+    assert not any("eval/em" in r for r in plain)
+    for a, b in zip(plain, with_eval, strict=True):
+        assert a["reward/mean"] == b["reward/mean"]
+        assert a["policy/pg_loss"] == pytest.approx(b["policy/pg_loss"], abs=1e-7)
+    assert sorted(p.name for p in (tmp_path / "eval" / "eval").iterdir()) == [
+        "step_000002.json", "step_000003.json"]
+    logged = [json.loads(line) for line in (tmp_path / "eval" / "metrics.jsonl").open()]
+    assert "eval/em" in logged[1] and 0.0 <= logged[1]["eval/em"] <= 1.0
+
+
+def test_eval_every_without_eval_data_names_the_key(tmp_path, small_world, world_tokenizer,
+                                                    world_retriever) -> None:
+    cfg = load_config(None, [*BASE, f"run_dir={tmp_path}", "eval_every=2"])
+    with pytest.raises(ConfigError, match=r"eval_every.*data\.eval"):
+        GRPOTrainer(cfg, model=make_tiny_model(world_tokenizer), tokenizer=world_tokenizer,
+                    retriever=world_retriever, train_examples=small_world.train, resume=False)

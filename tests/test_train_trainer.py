@@ -16,30 +16,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from conftest import TRAIN_BASE as BASE
 from conftest import make_tiny_model, write_run_inputs
 from llds.errors import ConfigError
 from llds.train import trainer as trainer_mod
 from llds.train.config import load_config
 from llds.train.tracking import read_metrics
 from llds.train.trainer import GRPOTrainer, NonFiniteError
-
-BASE = [
-    "model.path=unused",
-    "data.train=unused",
-    "retriever.source=unused",
-    "data.prompt_template=Question: {question}\n",
-    "prompts_per_step=2",
-    "rollout.group_size=3",
-    "rollout.max_turns=1",
-    "rollout.max_turn_tokens=12",
-    "rollout.max_total_tokens=200",
-    "rollout.max_obs_tokens=40",
-    "optim.lr=1e-3",
-    "optim.mini_batches=2",
-    "logging.tensorboard=false",
-    "logging.progress=false",
-    "save_every=100",
-]
 
 
 def _trainer(tmp_path, world, tok, retriever, extra=(), seed=0):

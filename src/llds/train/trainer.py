@@ -39,7 +39,7 @@ from llds.diagnostics.likelihood import (
 )
 from llds.env.prompts import PromptTemplate, build_prompt_ids
 from llds.env.rewards import FormatRewardConfig
-from llds.errors import UserInputError
+from llds.errors import ConfigError, UserInputError
 from llds.rollout import RolloutBatch, RolloutEngine, RolloutRequest
 from llds.train.checkpoint import (
     latest_checkpoint,
@@ -51,6 +51,7 @@ from llds.train.config import TrainConfig
 from llds.train.configio import to_dict
 from llds.train.distributed import Dist
 from llds.train.forward import batched_log_probs, plan_micro_batches, response_log_probs
+from llds.train.periodic_eval import PeriodicEvaluator, eval_rollout_config, is_due
 from llds.train.setup import PromptStream, frozen_copy, load_model
 from llds.train.tracking import MetricsLogger, read_metrics
 
@@ -90,6 +91,7 @@ class GRPOTrainer:
         tokenizer=None,
         retriever=None,
         train_examples: Sequence[QAExample] | None = None,
+        eval_examples: Sequence[QAExample] | None = None,
         resume: bool = True,
     ) -> None:
         self.cfg = cfg
@@ -137,6 +139,7 @@ class GRPOTrainer:
         rollout_cfg = cfg.rollout
         rollout_cfg.topk = cfg.retriever.topk
         self.engine = RolloutEngine(model, tokenizer, retriever, rollout_cfg, format_reward=fmt)
+        self.evaluator = self._periodic_evaluator(eval_examples)
 
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
@@ -295,6 +298,8 @@ class GRPOTrainer:
         metrics["alarms/count"] = len(alarms)
         if self.monitor is not None:
             metrics["phase"] = self.monitor.label.phase if self.monitor.label else "warmup"
+        if self.evaluator is not None and is_due(self.step, cfg.eval_every, cfg.steps):
+            metrics.update(self.evaluator(self.model, self.step))
         if self.logger is not None:
             self.logger.log(self.step, metrics)
         if self.step % cfg.save_every == 0 or self.step == cfg.steps:
@@ -303,6 +308,30 @@ class GRPOTrainer:
         if alarms:
             self._on_alarms(alarms)
         return row
+
+    def _periodic_evaluator(
+        self, examples: Sequence[QAExample] | None
+    ) -> PeriodicEvaluator | None:
+        """Greedy held-out evaluation every `eval_every` steps (main process only)."""
+        cfg = self.cfg
+        if cfg.eval_every <= 0 or not self.dist.is_main:
+            return None
+        if examples is None:
+            if not cfg.data.eval:
+                raise ConfigError("eval_every: set data.eval (held-out questions) or eval_every=0")
+            from llds.data.loaders import load_examples
+
+            examples = load_examples(cfg.data.eval, limit=cfg.data.eval_limit)
+        return PeriodicEvaluator(
+            examples,
+            self.retriever,
+            self.tokenizer,
+            # a single-turn run (no retriever) is evaluated single-turn too
+            eval_rollout_config(self.engine.config, cfg.eval_max_turns if self.retriever else 0),
+            template=self.template,
+            chat=cfg.model.chat,
+            out_dir=self.run_dir,
+        )
 
     # ------------------------------------------------------------------ alarms
     def _new_monitor(self) -> AlarmMonitor | None:
