@@ -1,0 +1,203 @@
+"""The organism study: GRPO(+LLDS) from the demo's warm start, several seeds, same budget.
+
+Arms (each run for every seed, from the same warm start, held-out EM every 50 steps):
+  organism/GRPO+LLDS   configs/organism.yaml   (lr 2e-4)
+  collapse/GRPO        configs/collapse.yaml with algo.llds.enabled=false   (lr 5e-4)
+  collapse/GRPO+LLDS   configs/collapse.yaml   (lr 5e-4)
+
+    llds demo --out runs/demo --skip-train           # world + warm start (once)
+    python benchmarks/organism_study.py --demo runs/demo --out runs/study [--seeds 0 1 2]
+                                        [--parallel 2] [--summarize-only]
+
+Prints a markdown table (held-out EM of the warm start and after 50/100/150/200 steps, median
+over seeds with the per-seed values, the last-20-step training reward and answered fraction,
+the first collapse alarm) and writes `study.png` (median held-out EM, smoothed training reward
+and correct-response log-likelihood per arm, seeds as thin lines) and `study.json` in --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import machine
+from llds.diagnostics.plots import moving_average
+from llds.train.tracking import read_metrics
+
+ROOT = Path(__file__).resolve().parents[1]
+ARMS: dict[str, tuple[str, list[str]]] = {
+    "organism/GRPO+LLDS": ("configs/organism.yaml", []),
+    "collapse/GRPO": ("configs/collapse.yaml", ["algo.llds.enabled=false"]),
+    "collapse/GRPO+LLDS": ("configs/collapse.yaml", []),
+}
+COLORS = {"organism/GRPO+LLDS": "tab:green", "collapse/GRPO": "tab:red",
+          "collapse/GRPO+LLDS": "tab:blue"}
+
+
+def run_dir(out: Path, arm: str, seed: int) -> Path:
+    return out / arm.replace("/", "_").replace("+", "_") / f"seed{seed}"
+
+
+def command(demo: Path, out: Path, arm: str, seed: int) -> list[str]:
+    config, extra = ARMS[arm]
+    return [
+        sys.executable, "-m", "llds.cli", "train", "--config", str(ROOT / config),
+        f"run_dir={run_dir(out, arm, seed)}", f"seed={seed}",
+        f"model.path={demo / 'sft' / 'model'}", f"data.train={demo / 'world' / 'train.jsonl'}",
+        f"data.eval={demo / 'world' / 'test.jsonl'}",
+        f"retriever.source={demo / 'world' / 'corpus.jsonl'}", "logging.progress=false", *extra,
+    ]
+
+
+def run_all(demo: Path, out: Path, seeds: Sequence[int], parallel: int) -> None:
+    """Every (arm, seed) as its own `llds train` process, `parallel` at a time, 1 thread each."""
+    jobs = [(arm, s) for s in seeds for arm in ARMS]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    running: list[tuple[subprocess.Popen, Any]] = []
+    while jobs or running:
+        while jobs and len(running) < parallel:
+            arm, seed = jobs.pop(0)
+            target = run_dir(out, arm, seed)
+            target.mkdir(parents=True, exist_ok=True)
+            log = (target / "train.log").open("w")
+            print(f"start {arm} seed {seed} -> {target}", flush=True)
+            running.append((subprocess.Popen(command(demo, out, arm, seed), stdout=log,
+                                             stderr=subprocess.STDOUT, env=env), log))
+        time.sleep(2)
+        for proc, log in list(running):
+            if proc.poll() is not None:
+                log.close()
+                running.remove((proc, log))
+                if proc.returncode:
+                    raise SystemExit(f"a run failed (exit {proc.returncode}); see {log.name}")
+
+
+def summarize_run(path: Path) -> dict[str, Any]:
+    rows = read_metrics(path)
+    if not rows:
+        raise SystemExit(f"{path}: no metrics.jsonl rows (run the study first)")
+    tail = rows[-20:]
+    alarms = []
+    alarm_file = path / "alarms.jsonl"
+    if alarm_file.is_file():
+        alarms = [json.loads(line) for line in alarm_file.read_text().splitlines() if line]
+    critical = [a["step"] for a in alarms if a.get("severity") == "critical"]
+    return {
+        "eval_em": {r["step"]: r["eval/em"] for r in rows if "eval/em" in r},
+        "reward_last20": statistics.fmean(r["reward/mean"] for r in tail),
+        "answered_last20": statistics.fmean(r["rollout/answered_frac"] for r in tail),
+        "searches_last20": statistics.fmean(r["rollout/valid_searches"] for r in tail),
+        "first_critical_alarm": min(critical) if critical else None,
+        "steps": rows[-1]["step"],
+        "wall_s": sum(r["time/step"] for r in rows),
+        "reward": [r["reward/mean"] for r in rows],
+        "logp_correct": [r.get("lld/logp_correct") for r in rows],
+    }
+
+
+def start_em(demo: Path) -> float | None:
+    path = demo / "sft" / "eval.json"
+    return json.loads(path.read_text())["overall"]["em"] if path.is_file() else None
+
+
+def _cell(values: Sequence[float]) -> str:
+    return f"**{statistics.median(values):.3f}** ({' / '.join(f'{v:.3f}' for v in values)})"
+
+
+def table(study: dict[str, dict[int, dict[str, Any]]], start: float | None) -> str:
+    checkpoints = sorted({s for runs in study.values() for r in runs.values()
+                          for s in r["eval_em"]})
+    head = ["arm", "seeds", "start EM", *[f"EM @ {s}" for s in checkpoints],
+            "train reward, last 20", "answered, last 20", "first critical alarm", "min / run"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for arm, runs in study.items():
+        seeds = sorted(runs)
+        ems = [_cell([runs[s]["eval_em"].get(c, float("nan")) for s in seeds])
+               for c in checkpoints]
+        alarms = [runs[s]["first_critical_alarm"] for s in seeds]
+        cells = [
+            arm, ", ".join(map(str, seeds)), "-" if start is None else f"{start:.3f}", *ems,
+            _cell([runs[s]["reward_last20"] for s in seeds]),
+            _cell([runs[s]["answered_last20"] for s in seeds]),
+            " / ".join("none" if a is None else f"step {a}" for a in alarms),
+            f"{statistics.median(runs[s]['wall_s'] for s in seeds) / 60:.1f}",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(study: dict[str, dict[int, dict[str, Any]]], start: float | None, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    for arm, runs in study.items():
+        color = COLORS.get(arm, "black")
+        steps = sorted({c for r in runs.values() for c in r["eval_em"]})
+        xs = [0, *steps] if start is not None else steps
+        per_seed = []
+        for r in runs.values():
+            ys = [r["eval_em"].get(c, float("nan")) for c in steps]
+            per_seed.append([start, *ys] if start is not None else ys)
+            axes[0].plot(xs, per_seed[-1], color=color, alpha=0.25, lw=1)
+        axes[0].plot(xs, [statistics.median(v) for v in zip(*per_seed, strict=True)],
+                     color=color, lw=2.5, marker="o", label=arm)
+        for r in runs.values():
+            axes[1].plot(moving_average(r["reward"], 10), color=color, alpha=0.6, lw=1)
+            lp = [float("nan") if v is None else v for v in r["logp_correct"]]
+            axes[2].plot(lp, color=color, alpha=0.6, lw=1)
+    axes[0].set(title="held-out EM (greedy, 120 questions)", xlabel="step", ylabel="EM")
+    axes[1].set(title="training reward (moving average 10)", xlabel="step")
+    axes[2].set(title="log-likelihood per token of correct responses", xlabel="step")
+    axes[0].legend()
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--demo", type=Path, default=Path("runs/demo"),
+                    help="folder of `llds demo --skip-train` (world/ and sft/)")
+    ap.add_argument("--out", type=Path, default=Path("runs/study"))
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    ap.add_argument("--parallel", type=int, default=2)
+    ap.add_argument("--summarize-only", action="store_true")
+    args = ap.parse_args()
+    for arm in list(ARMS):
+        if arm not in args.arms:
+            del ARMS[arm]
+    if not (args.demo / "sft" / "model").is_dir():
+        raise SystemExit(f"{args.demo}: no sft/model; run `llds demo --out {args.demo} "
+                         "--skip-train` first")
+    if not args.summarize_only:
+        run_all(args.demo, args.out, args.seeds, args.parallel)
+    study = {arm: {s: summarize_run(run_dir(args.out, arm, s)) for s in args.seeds}
+             for arm in ARMS}
+    start = start_em(args.demo)
+    args.out.mkdir(parents=True, exist_ok=True)
+    plot(study, start, args.out / "study.png")
+    (args.out / "study.json").write_text(json.dumps({"start_em": start, "runs": study}))
+    print(f"machine: {machine()}")
+    print(f"command: `python benchmarks/organism_study.py {' '.join(sys.argv[1:])}`".strip())
+    print()
+    print(table(study, start))
+    print(f"\nfigure: {args.out / 'study.png'}")
+
+
+if __name__ == "__main__":
+    main()
