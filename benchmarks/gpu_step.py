@@ -1,0 +1,105 @@
+"""Native GRPO(+LLDS) step on a GPU: update-phase MFU and rollout tokens/s.
+
+A randomly initialized Qwen2.5-0.5B-shaped Qwen2 (hidden 896, 24 layers, 14 heads / 2 KV heads,
+MLP 4864, tied embeddings; the vocabulary is the organism tokenizer's, so the LM head is small),
+bf16 weights, SDPA attention, single-turn prompts from the organism world, G completions of
+exactly N tokens, 4 optimizer steps per rollout batch, LLDS on.
+
+Update MFU = 6 x (non-embedding parameters) x (tokens through forward+backward) / update time /
+peak; the attention score FLOPs are left out, so this slightly understates the real MFU.
+
+    python benchmarks/gpu_step.py [--prompts 32] [--group 5] [--tokens 256] [--steps 4]
+                                  [--peak-tflops 989]    # H100 SXM dense bf16
+
+Runs on a CPU too (slowly, fp32) with `--device cpu --dtype float32 --layers 2` as a smoke test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import machine
+from llds.data.world import WorldConfig, generate_world
+from llds.models.bpe import train_bpe_tokenizer
+from llds.models.tiny import tiny_causal_lm_for
+from llds.rollout import RolloutConfig
+from llds.train.config import (
+    AlgoConfig,
+    DataConfig,
+    DiagnosticsConfig,
+    LLDSConfig,
+    LoggingConfig,
+    ModelConfig,
+    OptimConfig,
+    TrainConfig,
+)
+from llds.train.trainer import GRPOTrainer
+
+TEMPLATE = "Question: {question}\nAnswer: "
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--prompts", type=int, default=32)
+    ap.add_argument("--group", type=int, default=5)
+    ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--steps", type=int, default=4, help="measured steps after 1 warm-up step")
+    ap.add_argument("--layers", type=int, default=24)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    ap.add_argument("--peak-tflops", type=float, default=989.0)
+    args = ap.parse_args()
+
+    world = generate_world(WorldConfig.preset("organism"))
+    tok = train_bpe_tokenizer([d["contents"] for d in world.corpus]
+                              + [q.question for q in world.train], vocab_size=2000)
+    model = tiny_causal_lm_for(tok, hidden_size=896, num_layers=args.layers, num_heads=14,
+                               num_kv_heads=2, intermediate_size=4864, max_position_embeddings=4096)
+    model.config._attn_implementation = "sdpa"
+    model.to(device=args.device, dtype=getattr(torch, args.dtype))
+    n_body = sum(p.numel() for n, p in model.named_parameters() if "embed_tokens" not in n)
+    cfg = TrainConfig(
+        run_dir=tempfile.mkdtemp(prefix="gpu_step."),
+        steps=10**9,
+        save_every=10**9,
+        prompts_per_step=args.prompts,
+        model=ModelConfig(path="in-memory", chat=False, dtype=args.dtype),
+        data=DataConfig(train="in-memory", prompt_template=TEMPLATE),
+        rollout=RolloutConfig(group_size=args.group, max_turns=0, max_turn_tokens=args.tokens,
+                              min_turn_tokens=args.tokens, max_total_tokens=4096,
+                              max_rows=args.prompts * args.group),
+        algo=AlgoConfig(kl_coef=0.0, llds=LLDSConfig(enabled=True, coef=0.2)),
+        optim=OptimConfig(lr=1e-6, mini_batches=4, micro_batch_tokens=65536),
+        logging=LoggingConfig(tensorboard=False, progress=False),
+        diagnostics=DiagnosticsConfig(enabled=False),
+    )
+    cfg.validate()
+    trainer = GRPOTrainer(cfg, model=model, tokenizer=tok, train_examples=world.train,
+                          resume=False)
+    rows = [trainer.train_step() for _ in range(1 + args.steps)][1:]
+    trained = args.prompts * args.group * args.tokens  # response tokens per epoch
+    prompt_tokens = statistics.fmean(len(trainer._prompt_ids(q)) for q in world.train[:64])
+    tokens = trained + args.prompts * args.group * prompt_tokens
+    upd = statistics.median(r["time/update"] for r in rows)
+    mfu = 6 * n_body * tokens / upd / (args.peak_tflops * 1e12)
+    print(f"machine: {machine()}")
+    print(f"command: `python benchmarks/gpu_step.py {' '.join(sys.argv[1:])}`".strip())
+    print(f"model: {n_body / 1e6:.0f}M non-embedding parameters, {args.dtype}, SDPA")
+    print("| step | rollout | old log-probs | update | rollout tokens/s | update MFU |")
+    print("|---|---|---|---|---|---|")
+    print(f"| {statistics.median(r['time/step'] for r in rows):.2f} s "
+          f"| {statistics.median(r['time/rollout'] for r in rows):.2f} s "
+          f"| {statistics.median(r['time/old_logprob'] for r in rows):.2f} s | {upd:.2f} s "
+          f"| {statistics.median(r['throughput/rollout_tokens_per_s'] for r in rows):,.0f} "
+          f"| {100 * mfu:.1f}% |")
+
+
+if __name__ == "__main__":
+    main()
