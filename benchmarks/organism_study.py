@@ -30,6 +30,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine
+from llds.diagnostics.alarms import scan_alarms
 from llds.diagnostics.plots import moving_average
 from llds.train.tracking import read_metrics
 
@@ -86,11 +87,9 @@ def summarize_run(path: Path) -> dict[str, Any]:
     if not rows:
         raise SystemExit(f"{path}: no metrics.jsonl rows (run the study first)")
     tail = rows[-20:]
-    alarms = []
-    alarm_file = path / "alarms.jsonl"
-    if alarm_file.is_file():
-        alarms = [json.loads(line) for line in alarm_file.read_text().splitlines() if line]
-    critical = [a["step"] for a in alarms if a.get("severity") == "critical"]
+    # replayed with the current detector (not read from alarms.jsonl, which holds what the
+    # detector of the day raised online), so a re-summary reflects detector changes
+    critical = [a.step for a in scan_alarms(rows) if a.severity == "critical"]
     return {
         "eval_em": {r["step"]: r["eval/em"] for r in rows if "eval/em" in r},
         "reward_last20": statistics.fmean(r["reward/mean"] for r in tail),

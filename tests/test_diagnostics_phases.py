@@ -195,17 +195,58 @@ def test_collapse_run_alarms_in_order_with_early_warning():
     assert serious[0].kind == "likelihood_decay" and serious[0].step < 80
     at_collapse = {a.kind for a in alarms if a.step == COLLAPSE_START}
     assert at_collapse == {"collapse", "entropy_spike", "grad_norm_spike", "ratio_spike"}
-    # reward (5-step median) first reaches half its peak 0.568 at step 129: the median at
-    # 120+k is the raw reward at k-2, and (0.1+0.004*(127))*(1-8/15) = 0.284 <= 0.284
+    # peak: the 20-step median first reaches its maximum at step 120, the mean of 0.540 (step
+    # 110) and 0.5413 (step 120: 0.58 * 14/15) = 0.5407. The 5-step median at 120+j is the raw
+    # reward at step 118+j, (0.1 + 0.004 * (118+j)) * (1 - (j-1)/15): 0.2837 at j=9 and
+    # 0.2448 at j=10, so it first reaches half the peak (0.2703) at step 130; it must stay
+    # there 12 steps (reward_drop_steps), so the alarm fires at 130 + 11 = 141
     reward = [a for a in alarms if a.kind == "reward_collapse"]
-    assert [a.step for a in reward] == [129]
-    assert "peak 0.57 at step 119" in reward[0].message
+    assert [a.step for a in reward] == [141]
+    assert "peak 0.54 at step 120" in reward[0].message
     # de-duplicated: every kind fires once although the collapse lasts 40 steps
     assert len(kinds(alarms)) == len(set(kinds(alarms)))
     grad = next(a for a in alarms if a.kind == "grad_norm_spike")
     assert re.search(
         r"gradient norm spiked to 5\.000 at step 120: 10\.0x its median 0\.500", grad.message
     )
+
+
+def small_batch_rows(steps: int = 160, seed: int = 0) -> list[dict]:
+    """A healthy run at 8 prompts per step, shaped after real organism logs: the reward is the
+    mean over 8 questions of very different difficulty (per-step sd ~0.15), a run of easy
+    batches (steps 60-64 at 0.68) lifts the running peak of the 5-step median, a run of hard
+    ones follows (steps 70-75 at 0.22, a third of that peak, for 6 steps), and at step 100 the
+    max likelihood ratio jumps x3 while the reward sits ~30% below the peak."""
+    rng = random.Random(seed)
+    rows = synthetic_rows("healthy", steps=steps, seed=seed)
+    fixed = {**dict.fromkeys(range(60, 65), 0.68), **dict.fromkeys(range(70, 76), 0.22)}
+    fixed.update(zip(range(96, 101), (0.375, 0.5, 0.25, 0.375, 0.5), strict=True))
+    for row in rows:
+        step = row["step"]
+        p = min(0.25 + 0.001 * step, 0.4)
+        row["reward/mean"] = sum(rng.random() < rng.uniform(0, 2 * p) for _ in range(8)) / 8
+        row["reward/mean"] = fixed.get(step, row["reward/mean"])
+        if step == 100:
+            row["policy/ratio_max"] *= 3
+    return rows
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_transient_reward_dips_and_one_spike_are_not_a_collapse(seed):
+    rows = small_batch_rows(seed=seed)
+    alarms = scan_alarms(rows)
+    # the spike is reported, but as a warning: one outlier of a heavy-tailed statistic
+    assert 100 in [a.step for a in alarms if a.kind == "ratio_spike"]
+    assert [a for a in alarms if a.severity == "critical"] == []
+    assert "collapse" not in {lab.phase for lab in detect_phases(rows)}
+    # the same run whose reward then stays at zero from step 121: a sustained drop is a
+    # collapse, flagged once the fall also exceeds 3 per-step noise sigmas (the noise window
+    # still holds the noisy steps for a while) and has held 12 steps
+    for row in rows[120:]:
+        row["reward/mean"] = 0.0
+    critical = [a for a in scan_alarms(rows) if a.kind == "reward_collapse"]
+    assert len(critical) == 1 and 121 + 11 <= critical[0].step <= 121 + 30
+    assert detect_phases(rows)[-1].phase == "collapse"
 
 
 @pytest.mark.parametrize("seed", range(6))

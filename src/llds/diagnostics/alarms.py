@@ -167,7 +167,7 @@ class AlarmMonitor:
         firing: dict[str, Any] = {
             "likelihood_decay": ev["falling_streak"] >= self.config.phase.decay_steps,
             "collapse": label.phase == "collapse",
-            "reward_collapse": bool(ev["reward_dropped"]),
+            "reward_collapse": bool(ev["reward_collapsed"]),
             "stagnation": self._stagnant >= self.config.stagnation_steps,
             "nonfinite": self._nonfinite(row),
         }

@@ -85,13 +85,22 @@ class PhaseConfig:
     logp_drop_min_scale: float = 0.02
     """floor of the spread around the likelihood trend line (nats/token) for sharp drops"""
     smooth: int = 5
-    """rolling-median width used for the reward level and its peak"""
+    """rolling-median width of the current reward level"""
+    peak_smooth: int = 20
+    """rolling-median width of the reward whose running maximum is the peak (over what exists
+    once `smooth` steps do): wider than `smooth`, so that a short run of easy batches does not
+    set a peak the run never really had"""
     reward_drop_frac: float = 0.5
     """reward collapsed: smoothed reward at most (1 - this) times its running peak"""
     reward_min_peak: float = 0.1
     """a run whose reward never exceeded this cannot 'collapse' in reward"""
     reward_drop_z: float = 3.0
     """... and the fall from the peak must exceed this many per-step reward noise sigmas"""
+    reward_drop_steps: int = 12
+    """... and hold that many consecutive steps: with a few prompts per step, runs of easy or
+    hard batches move the smoothed reward far from its (upward-biased) running peak in healthy
+    runs, and a dip of d steps keeps the `smooth`-step median down for up to d + smooth - 1
+    steps; a collapsed reward stays down"""
     fell_frac: float = 0.6
     """if the median share of correct responses whose likelihood fell (lld/frac_correct_fell)
     over the window reaches this, any clearly negative slope counts as falling"""
@@ -107,8 +116,9 @@ class PhaseConfig:
             "min_points": 3 <= self.min_points <= self.window,
             "decay_steps": self.decay_steps >= 1,
             "baseline_window": self.baseline_window >= self.min_baseline >= 3,
-            "smooth": self.smooth >= 1,
+            "smooth": 1 <= self.smooth <= self.peak_smooth,
             "reward_drop_frac": 0 < self.reward_drop_frac < 1,
+            "reward_drop_steps": self.reward_drop_steps >= 1,
             "spike_z": self.spike_z > 0,
             "recovery_steps": self.recovery_steps >= 1,
         }
@@ -157,6 +167,7 @@ class Signals:
     sharp_drop: bool
     logp_drop_z: float | None
     reward_level: float | None
+    reward_peak_level: float | None
     reward_noise: float | None
     frac_fell: float | None
 
@@ -272,6 +283,7 @@ def compute_signals(history: Sequence[Sample], config: PhaseConfig) -> Signals:
     long_logp, long_reward = trends(history[-config.stagnation_window :])
     sharp, drop_z = _sharp_drop(history, config)
     rewards = _finite([s.reward for s in history[-config.smooth :]])
+    long_rewards = _finite([s.reward for s in history[-config.peak_smooth :]])
     fell = _finite([s.frac_fell for s in win])
     return Signals(
         logp_trend=logp_trend,
@@ -284,6 +296,7 @@ def compute_signals(history: Sequence[Sample], config: PhaseConfig) -> Signals:
         sharp_drop=sharp,
         logp_drop_z=drop_z,
         reward_level=median(rewards) if len(rewards) == config.smooth else None,
+        reward_peak_level=median(long_rewards) if len(long_rewards) >= config.smooth else None,
         reward_noise=reward_noise,
         frac_fell=median(fell) if fell else None,
     )
@@ -303,10 +316,11 @@ class PhaseTracker:
     def __init__(self, config: PhaseConfig | None = None) -> None:
         self.config = config or PhaseConfig()
         cfg = self.config
-        keep = max(cfg.window, cfg.stagnation_window, cfg.baseline_window + 2, cfg.smooth)
+        keep = max(cfg.window, cfg.stagnation_window, cfg.baseline_window + 2, cfg.peak_smooth)
         self.history: deque[Sample] = deque(maxlen=keep)
         self.count = 0
         self.falling_streak = 0
+        self.drop_streak = 0
         self.reward_peak: float | None = None
         self.reward_peak_step: int | None = None
         self.collapsed = False
@@ -329,27 +343,32 @@ class PhaseTracker:
         warm = self.count > cfg.window
         self.falling_streak = self.falling_streak + 1 if falling and warm else 0
 
-        level = sig.reward_level
-        if level is not None and (self.reward_peak is None or level > self.reward_peak):
-            self.reward_peak, self.reward_peak_step = sig.reward_level, sample.step
+        level, peak_level = sig.reward_level, sig.reward_peak_level
+        if peak_level is not None and (self.reward_peak is None or peak_level > self.reward_peak):
+            self.reward_peak, self.reward_peak_step = peak_level, sample.step
         peak = self.reward_peak
         noise = max(sig.reward_noise or 0.0, cfg.reward_noise_floor)
-        reward_dropped = (
+        reward_halved = (
             warm
             and peak is not None
             and level is not None
             and peak >= cfg.reward_min_peak
             and level <= (1 - cfg.reward_drop_frac) * peak
-            and peak - level > cfg.reward_drop_z * noise
         )
+        reward_dropped = reward_halved and peak - level > cfg.reward_drop_z * noise
+        self.drop_streak = self.drop_streak + 1 if reward_dropped else 0
+        reward_collapsed = self.drop_streak >= cfg.reward_drop_steps
         spikes = sig.spiking(cfg)
         signals = [*spikes, "sharp_drop"] if sig.sharp_drop else spikes
-        reward_down = reward_dropped or rt == -1
         decaying = self.falling_streak >= cfg.decay_steps
+        # One spike is common in healthy runs (the max ratio over a small batch is heavy-tailed);
+        # it counts only together with another spike, a likelihood decay or a smoothed reward
+        # at most half its peak. A loosely falling reward trend is noise at a few prompts per step.
         collapse_now = (
             len(signals) >= 2
-            or (signals and (reward_down or decaying))
+            or (signals and (reward_halved or decaying))
             or (decaying and reward_dropped)
+            or reward_collapsed
         )
         if collapse_now:
             self.collapsed, self.calm_steps = True, 0
@@ -382,6 +401,8 @@ class PhaseTracker:
             "reward_peak": peak,
             "reward_peak_step": self.reward_peak_step,
             "reward_dropped": reward_dropped,
+            "reward_collapsed": reward_collapsed,
+            "reward_drop_streak": self.drop_streak,
             "falling_streak": self.falling_streak,
             "frac_correct_fell": sig.frac_fell,
             "logp_drop_z": sig.logp_drop_z,
