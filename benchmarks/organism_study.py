@@ -4,6 +4,7 @@ Arms (each run for every seed, from the same warm start, held-out EM every 50 st
   organism/GRPO+LLDS   configs/organism.yaml   (lr 2e-4)
   collapse/GRPO        configs/collapse.yaml with algo.llds.enabled=false   (lr 5e-4)
   collapse/GRPO+LLDS   configs/collapse.yaml   (lr 5e-4)
+  collapse/GRPO+LLDS-1.0   the same with the LLDS coefficient 1.0 instead of 0.2
 
     llds demo --out runs/demo --skip-train           # world + warm start (once)
     python benchmarks/organism_study.py --demo runs/demo --out runs/study [--seeds 0 1 2]
@@ -39,8 +40,10 @@ ARMS: dict[str, tuple[str, list[str]]] = {
     "organism/GRPO+LLDS": ("configs/organism.yaml", []),
     "collapse/GRPO": ("configs/collapse.yaml", ["algo.llds.enabled=false"]),
     "collapse/GRPO+LLDS": ("configs/collapse.yaml", []),
+    "collapse/GRPO+LLDS-1.0": ("configs/collapse.yaml", ["algo.llds.coef=1.0"]),
 }
 COLORS = {"organism/GRPO+LLDS": "tab:green", "collapse/GRPO": "tab:red",
+          "collapse/GRPO+LLDS-1.0": "tab:purple",
           "collapse/GRPO+LLDS": "tab:blue"}
 
 
