@@ -40,3 +40,48 @@ def median_time(fn: Callable[[], object], repeats: int, warmup: int = 1) -> floa
         fn()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+SINGLE_TURN_TEMPLATE = "Question: {question}\nAnswer: "
+
+
+def world_tokenizer(world, vocab_size: int = 2000):
+    """A BPE tokenizer fitted to an organism world's passages and training questions."""
+    from llds.models import train_bpe_tokenizer
+
+    texts = [d["contents"] for d in world.corpus] + [q.question for q in world.train]
+    return train_bpe_tokenizer(texts, vocab_size=vocab_size)
+
+
+def single_turn_config(run_dir: str, *, prompts: int, group: int, tokens: int, algo, optim,
+                       dtype: str = "float32"):
+    """A validated TrainConfig for a timing benchmark: in-memory model and questions, one turn
+    of exactly `tokens` generated tokens per completion (no retrieval), no logging, no
+    diagnostics, no checkpoints."""
+    from llds.rollout import RolloutConfig
+    from llds.train.config import (
+        DataConfig,
+        DiagnosticsConfig,
+        LoggingConfig,
+        ModelConfig,
+        TrainConfig,
+    )
+
+    cfg = TrainConfig(
+        run_dir=run_dir,
+        seed=0,
+        steps=10**9,
+        save_every=10**9,
+        prompts_per_step=prompts,
+        model=ModelConfig(path="in-memory", chat=False, dtype=dtype),
+        data=DataConfig(train="in-memory", prompt_template=SINGLE_TURN_TEMPLATE),
+        rollout=RolloutConfig(group_size=group, max_turns=0, max_turn_tokens=tokens,
+                              min_turn_tokens=tokens, max_total_tokens=4096, temperature=1.0,
+                              max_rows=prompts * group),
+        algo=algo,
+        optim=optim,
+        logging=LoggingConfig(tensorboard=False, wandb=False, progress=False),
+        diagnostics=DiagnosticsConfig(enabled=False),
+    )
+    cfg.validate()
+    return cfg

@@ -25,24 +25,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine
+from _common import machine, single_turn_config, world_tokenizer
 from llds.data.world import WorldConfig, generate_world
-from llds.models.bpe import train_bpe_tokenizer
 from llds.models.tiny import tiny_causal_lm_for
-from llds.rollout import RolloutConfig
-from llds.train.config import (
-    AlgoConfig,
-    DataConfig,
-    DiagnosticsConfig,
-    LLDSConfig,
-    LoggingConfig,
-    ModelConfig,
-    OptimConfig,
-    TrainConfig,
-)
+from llds.train.config import AlgoConfig, LLDSConfig, OptimConfig
 from llds.train.trainer import GRPOTrainer
-
-TEMPLATE = "Question: {question}\nAnswer: "
 
 
 def main() -> None:
@@ -58,29 +45,21 @@ def main() -> None:
     args = ap.parse_args()
 
     world = generate_world(WorldConfig.preset("organism"))
-    tok = train_bpe_tokenizer([d["contents"] for d in world.corpus]
-                              + [q.question for q in world.train], vocab_size=2000)
+    tok = world_tokenizer(world)
     model = tiny_causal_lm_for(tok, hidden_size=896, num_layers=args.layers, num_heads=14,
                                num_kv_heads=2, intermediate_size=4864, max_position_embeddings=4096)
     model.config._attn_implementation = "sdpa"
     model.to(device=args.device, dtype=getattr(torch, args.dtype))
     n_body = sum(p.numel() for n, p in model.named_parameters() if "embed_tokens" not in n)
-    cfg = TrainConfig(
-        run_dir=tempfile.mkdtemp(prefix="gpu_step."),
-        steps=10**9,
-        save_every=10**9,
-        prompts_per_step=args.prompts,
-        model=ModelConfig(path="in-memory", chat=False, dtype=args.dtype),
-        data=DataConfig(train="in-memory", prompt_template=TEMPLATE),
-        rollout=RolloutConfig(group_size=args.group, max_turns=0, max_turn_tokens=args.tokens,
-                              min_turn_tokens=args.tokens, max_total_tokens=4096,
-                              max_rows=args.prompts * args.group),
+    cfg = single_turn_config(
+        tempfile.mkdtemp(prefix="gpu_step."),
+        prompts=args.prompts,
+        group=args.group,
+        tokens=args.tokens,
         algo=AlgoConfig(kl_coef=0.0, llds=LLDSConfig(enabled=True, coef=0.2)),
         optim=OptimConfig(lr=1e-6, mini_batches=4, micro_batch_tokens=65536),
-        logging=LoggingConfig(tensorboard=False, progress=False),
-        diagnostics=DiagnosticsConfig(enabled=False),
+        dtype=args.dtype,
     )
-    cfg.validate()
     trainer = GRPOTrainer(cfg, model=model, tokenizer=tok, train_examples=world.train,
                           resume=False)
     rows = [trainer.train_step() for _ in range(1 + args.steps)][1:]

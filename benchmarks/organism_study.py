@@ -62,9 +62,11 @@ def command(demo: Path, out: Path, arm: str, seed: int) -> list[str]:
     ]
 
 
-def run_all(demo: Path, out: Path, seeds: Sequence[int], parallel: int) -> None:
+def run_all(
+    demo: Path, out: Path, arms: Sequence[str], seeds: Sequence[int], parallel: int
+) -> None:
     """Every (arm, seed) as its own `llds train` process, `parallel` at a time, 1 thread each."""
-    jobs = [(arm, s) for s in seeds for arm in ARMS]
+    jobs = [(arm, s) for s in seeds for arm in arms]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     running: list[tuple[subprocess.Popen, Any]] = []
     while jobs or running:
@@ -180,16 +182,13 @@ def main() -> None:
     ap.add_argument("--parallel", type=int, default=2)
     ap.add_argument("--summarize-only", action="store_true")
     args = ap.parse_args()
-    for arm in list(ARMS):
-        if arm not in args.arms:
-            del ARMS[arm]
     if not (args.demo / "sft" / "model").is_dir():
         raise SystemExit(f"{args.demo}: no sft/model; run `llds demo --out {args.demo} "
                          "--skip-train` first")
     if not args.summarize_only:
-        run_all(args.demo, args.out, args.seeds, args.parallel)
+        run_all(args.demo, args.out, args.arms, args.seeds, args.parallel)
     study = {arm: {s: summarize_run(run_dir(args.out, arm, s)) for s in args.seeds}
-             for arm in ARMS}
+             for arm in args.arms}
     start = start_em(args.demo)
     args.out.mkdir(parents=True, exist_ok=True)
     plot(study, start, args.out / "study.png")

@@ -36,23 +36,12 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine
+from _common import SINGLE_TURN_TEMPLATE as TEMPLATE
+from _common import machine, single_turn_config, world_tokenizer
 from llds.data.world import WorldConfig, generate_world
 from llds.integrations.trl import search_r1_reward, search_r1_rows
-from llds.rollout import RolloutConfig
-from llds.train.config import (
-    AlgoConfig,
-    DataConfig,
-    DiagnosticsConfig,
-    LLDSConfig,
-    LoggingConfig,
-    ModelConfig,
-    OptimConfig,
-    TrainConfig,
-)
+from llds.train.config import AlgoConfig, LLDSConfig, OptimConfig
 from llds.train.trainer import GRPOTrainer as NativeTrainer
-
-TEMPLATE = "Question: {question}\nAnswer: "
 
 
 def build_model(args: argparse.Namespace) -> tuple[Any, Any, list]:
@@ -63,33 +52,20 @@ def build_model(args: argparse.Namespace) -> tuple[Any, Any, list]:
 
         model, tok = load_smollm2(dtype="float32", device="cpu")
     else:
-        from llds.models import tiny_causal_lm_for, train_bpe_tokenizer
+        from llds.models import tiny_causal_lm_for
 
-        texts = [d["contents"] for d in world.corpus] + [q.question for q in world.train]
-        tok = train_bpe_tokenizer(texts, vocab_size=2000)
+        tok = world_tokenizer(world)
         model = tiny_causal_lm_for(tok, hidden_size=args.hidden, num_layers=args.layers)
     # exactly P questions: both trainers then see the same prompts in every step
     return model, tok, list(world.train[: args.prompts])
 
 
 def run_native(model, tok, examples, args, run_dir: str, old_logprobs: str) -> dict[str, Any]:
-    cfg = TrainConfig(
-        run_dir=run_dir,
-        seed=0,
-        steps=10**9,
-        save_every=10**9,
-        prompts_per_step=args.prompts,
-        model=ModelConfig(path="in-memory", chat=False),
-        data=DataConfig(train="in-memory", prompt_template=TEMPLATE),
-        rollout=RolloutConfig(
-            group_size=args.group,
-            max_turns=0,
-            max_turn_tokens=args.tokens,
-            min_turn_tokens=args.tokens,
-            max_total_tokens=4096,
-            temperature=1.0,
-            max_rows=args.prompts * args.group,
-        ),
+    cfg = single_turn_config(
+        run_dir,
+        prompts=args.prompts,
+        group=args.group,
+        tokens=args.tokens,
         algo=AlgoConfig(
             kl_coef=0.0,
             aggregation="token-mean",
@@ -99,10 +75,7 @@ def run_native(model, tok, examples, args, run_dir: str, old_logprobs: str) -> d
         optim=OptimConfig(
             lr=args.lr, weight_decay=0.0, grad_clip=1.0, mini_batches=args.mini_batches
         ),
-        logging=LoggingConfig(tensorboard=False, wandb=False, progress=False),
-        diagnostics=DiagnosticsConfig(enabled=False),
     )
-    cfg.validate()
     trainer = NativeTrainer(
         cfg, model=model, tokenizer=tok, train_examples=examples, resume=False
     )
