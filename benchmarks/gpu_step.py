@@ -63,9 +63,11 @@ def main() -> None:
     trainer = GRPOTrainer(cfg, model=model, tokenizer=tok, train_examples=world.train,
                           resume=False)
     rows = [trainer.train_step() for _ in range(1 + args.steps)][1:]
-    trained = args.prompts * args.group * args.tokens  # response tokens per epoch
+    # tokens the update's forward+backward really processes per optimizer epoch: every
+    # response token, and each group's shared prompt once (one forward per distinct prompt)
+    responses = args.prompts * args.group * args.tokens
     prompt_tokens = statistics.fmean(len(trainer._prompt_ids(q)) for q in world.train[:64])
-    tokens = trained + args.prompts * args.group * prompt_tokens
+    tokens = responses + args.prompts * prompt_tokens
     upd = statistics.median(r["time/update"] for r in rows)
     mfu = 6 * n_body * tokens / upd / (args.peak_tflops * 1e12)
     print(f"machine: {machine()}")
