@@ -2,6 +2,7 @@
 
 Arms (each run for every seed, from the same warm start, held-out EM every 50 steps):
   organism/GRPO+LLDS   configs/organism.yaml   (lr 2e-4)
+  organism/GRPO        configs/organism.yaml with algo.llds.enabled=false
   collapse/GRPO        configs/collapse.yaml with algo.llds.enabled=false   (lr 5e-4)
   collapse/GRPO+LLDS   configs/collapse.yaml   (lr 5e-4)
   collapse/GRPO+LLDS-1.0   the same with the LLDS coefficient 1.0 instead of 0.2
@@ -38,11 +39,13 @@ from llds.train.tracking import read_metrics
 ROOT = Path(__file__).resolve().parents[1]
 ARMS: dict[str, tuple[str, list[str]]] = {
     "organism/GRPO+LLDS": ("configs/organism.yaml", []),
+    "organism/GRPO": ("configs/organism.yaml", ["algo.llds.enabled=false"]),
     "collapse/GRPO": ("configs/collapse.yaml", ["algo.llds.enabled=false"]),
     "collapse/GRPO+LLDS": ("configs/collapse.yaml", []),
     "collapse/GRPO+LLDS-1.0": ("configs/collapse.yaml", ["algo.llds.coef=1.0"]),
 }
-COLORS = {"organism/GRPO+LLDS": "tab:green", "collapse/GRPO": "tab:red",
+COLORS = {"organism/GRPO+LLDS": "tab:green", "organism/GRPO": "tab:olive",
+          "collapse/GRPO": "tab:red",
           "collapse/GRPO+LLDS-1.0": "tab:purple",
           "collapse/GRPO+LLDS": "tab:blue"}
 

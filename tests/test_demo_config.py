@@ -40,4 +40,7 @@ def test_warm_start_trains_on_the_world_and_its_relabeled_copies(tmp_path):
     world = json.loads((tmp_path / "world" / "world.json").read_text())
     assert report["data"]["considered"] == 2 * world["stats"]["train"]  # world + one copy
     assert report["options"]["loss_on"] == "all" and report["options"]["name_tokens"] is True
+    # the hasty demonstrator: some trajectories stop early, in the world and in the copy
+    assert report["options"]["early_answer"] == cfg.early_answer > 0
+    assert 0 < report["data"]["early_answers"] < report["data"]["kept"]
     assert (tmp_path / "sft" / "model" / "config.json").is_file()

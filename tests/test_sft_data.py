@@ -24,6 +24,7 @@ from llds.train.sft_data import (
     EXPERT_PHRASES,
     build_expert_episode,
     build_expert_episodes,
+    early_answer_variant,
     expert_actions,
 )
 
@@ -143,6 +144,51 @@ def test_max_hops_and_num_examples(world, tokenizer, retriever) -> None:
     assert stats.skipped_hops == len(world.train) - n_single
     few, _ = build_expert_episodes(world.train, retriever, tokenizer, num_examples=3)
     assert [e.example_id for e in few] == [ex.id for ex in world.train[:3]]
+
+
+def test_early_answers_stop_short_and_answer_the_last_name_read(
+    world, tokenizer, retriever
+) -> None:
+    eps, stats = build_expert_episodes(world.train, retriever, tokenizer, early_answer=0.5,
+                                       think=False)
+    by_id = {ex.id: ex for ex in world.train}
+    early = [e for e in eps if e.hops < by_id[e.example_id].metadata["hops"]]
+    assert stats.early_answers == len(early) and 0 < len(early) < len(eps)
+    for e in early:
+        ex = by_id[e.example_id]
+        chain = ex.metadata["chain"]
+        # the searches are the chain's first hops, and the answer is the last name the
+        # demonstrator had: the question's start entity, or the answer of its last search
+        assert list(e.queries) == [h["query"] for h in chain[: e.hops]]
+        expected = chain[e.hops - 1]["answer"] if e.hops else ex.metadata["start"]
+        assert e.answer == expected and e.answer not in ex.answers
+        assert e.action_texts[-1] == f"<answer> {expected} </answer>"
+        assert len(e.observations) == e.hops
+    assert any(e.hops == 0 for e in early)  # answering without any search happens too
+    # the rest are the full expert, unchanged; the choice is seeded per example
+    full, _ = build_expert_episodes(world.train, retriever, tokenizer, think=False)
+    untouched = [e for e in eps if e not in early]
+    assert untouched == [f for f in full if f.example_id in {e.example_id for e in untouched}]
+    again, _ = build_expert_episodes(world.train, retriever, tokenizer, early_answer=0.5,
+                                     think=False)
+    assert again == eps
+    none, none_stats = build_expert_episodes(world.train, retriever, tokenizer, early_answer=0.0,
+                                             think=False)
+    assert none == full and none_stats.early_answers == 0
+    with pytest.raises(ValueError, match="early_answer"):
+        build_expert_episodes(world.train, retriever, tokenizer, early_answer=1.5)
+
+
+def test_early_answer_hop_count_is_uniform_below_the_chain(world) -> None:
+    import random
+
+    ex = next(e for e in world.train if e.metadata["hops"] == 3)
+    rng = random.Random(0)
+    kept = [len(early_answer_variant(ex, rng).metadata["chain"]) for _ in range(3000)]
+    # j uniform in 0..h-1: each of 0, 1, 2 about a third of the time, never 3
+    assert set(kept) == {0, 1, 2}
+    for j in range(3):
+        assert abs(kept.count(j) / len(kept) - 1 / 3) < 0.04
 
 
 def test_think_wording_is_seeded_and_optional(world) -> None:

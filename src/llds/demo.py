@@ -3,8 +3,11 @@
 1. Build the target world (fictional entities, a passage corpus, 1-3 hop questions).
 2. Warm-start a tiny Qwen2 with SFT on expert search trajectories of its training questions and
    of relabeled copies of the world (the same names attached to other facts), so memorizing facts
-   cannot work and the model has to learn the protocol and copying names from what it reads.
-3. Train GRPO and GRPO+LLDS from the same start and seed, side by side (one process each).
+   cannot work and the model has to learn the protocol and copying names from what it reads. In
+   half of the trajectories the demonstrator stops searching early and answers with the last name
+   it read, as an untrained model answers before it has looked things up.
+3. Train GRPO and GRPO+LLDS from the same start and seed, side by side (one process each): they
+   have to learn when to keep searching, which is what carries over to held-out questions.
 4. Evaluate the start and both results greedily on held-out questions; write the report.
 """
 
@@ -29,11 +32,12 @@ class DemoConfig:
     out: str = "runs/demo"
     seed: int = 0
     relabel_copies: int = 8
+    early_answer: float = 0.5
     sft_steps: int = 1200
     sft_lr: float = 3e-3
     hidden: int = 128
     layers: int = 2
-    grpo_steps: int = 20
+    grpo_steps: int = 50
     eval_questions: int = 120
     skip_train: bool = False
 
@@ -107,11 +111,15 @@ def sft_args(cfg: DemoConfig, out: Path) -> list[str]:
     relation and answers from memory; relabeled copies put the same names on other facts, so only
     copying names from the question and the passages works on all of them. Loss on every token
     (passages too) grows that copying; one token per entity name makes a copy a single step.
+    `early_answer` makes the demonstrator hasty in that share of trajectories (see
+    `llds.train.sft_data.early_answer_variant`): the start then knows how to search but often
+    does not, and RL has a general decision to improve, not only facts to memorize.
     """
     return [
         "sft", "--world", str(out / "world"), "--tiny", "--tokenizer-vocab", "700",
         "--name-tokens", "--hidden", str(cfg.hidden), "--layers", str(cfg.layers),
-        "--relabel-copies", str(cfg.relabel_copies), "--loss-on", "all", "--no-think",
+        "--relabel-copies", str(cfg.relabel_copies), "--early-answer", str(cfg.early_answer),
+        "--loss-on", "all", "--no-think",
         "--topk", "2", "--max-obs-tokens", "120", "--prompt-template", str(out / "prompt.txt"),
         "--steps", str(cfg.sft_steps), "--lr", str(cfg.sft_lr), "--batch-size", "16",
         "--warmup", "20", "--seed", str(cfg.seed), "--threads", str(min(2, os.cpu_count() or 1)),

@@ -13,7 +13,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sft-steps", type=int, help="warm-start SFT steps (1200)")
     p.add_argument("--relabel-copies", type=int,
                    help="relabeled copies of the world in the warm start (8)")
-    p.add_argument("--grpo-steps", type=int, default=20)
+    p.add_argument("--early-answer", type=float,
+                   help="share of warm-start trajectories that stop searching early (0.5)")
+    p.add_argument("--grpo-steps", type=int, default=50)
     p.add_argument("--eval-questions", type=int, default=120)
     p.add_argument("--skip-train", action="store_true", help="stop after the warm start")
 
@@ -21,7 +23,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from llds.demo import DemoConfig, run_demo
 
-    given = {k: getattr(args, k) for k in ("sft_steps", "relabel_copies")}
+    given = {k: getattr(args, k) for k in ("sft_steps", "relabel_copies", "early_answer")}
     run_demo(
         DemoConfig(
             out=args.out,

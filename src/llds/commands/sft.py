@@ -28,6 +28,7 @@ DEFAULTS: dict[str, Any] = {
     "num_examples": None,
     "relabel_copies": 0,
     "loss_on": "actions",
+    "early_answer": 0.0,
     "steps": 150,
     "epochs": None,
     "lr": 3e-3,
@@ -85,6 +86,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     dat.add_argument("--relabel-copies", type=int,
                      help="--world: also train on K copies of the world with entity names "
                           "permuted (the same names on other facts), so only reading pays (0)")
+    dat.add_argument("--early-answer", type=float,
+                     help="share of --world trajectories where the expert stops searching early "
+                          "and answers with the last name it read (wrong), as untrained models "
+                          "do; leaves a general behaviour for RL to learn (0)")
     dat.add_argument("--loss-on", choices=["actions", "all"],
                      help="tokens trained on: the expert's actions, or all (passages and "
                           "questions too; grows copying in small models) (actions)")
@@ -247,7 +252,7 @@ def run(args: argparse.Namespace) -> int:
     expert = {"template": template, "chat": opts["chat"], "topk": opts["topk"],
               "max_obs_tokens": opts["max_obs_tokens"], "think": not opts["no_think"],
               "max_hops": opts["max_hops"], "num_examples": opts["num_examples"],
-              "seed": opts["seed"]}
+              "early_answer": opts["early_answer"], "seed": opts["seed"]}
     episodes, stats = build_expert_episodes(train, retriever, tok, **expert)
     for copy_train, copy_retriever in _relabeled_copies(opts):
         more, more_stats = build_expert_episodes(copy_train, copy_retriever, tok, **expert)

@@ -16,13 +16,17 @@ Where the hops come from:
   answers with the first gold answer, and the example is kept only when the retrieved passages
   contain one of the gold answers (SQuAD-normalized substring): trajectories whose evidence does
   not support the answer would teach the model to answer from nowhere.
+
+With `early_answer`, a share of the chain examples is laid out as a hasty demonstrator would do
+them (`early_answer_variant`): fewer searches, then the last name read as the answer. A warm start
+from such data searches well but not always, which leaves RL a behaviour to learn.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from llds.data.example import QAExample
@@ -68,6 +72,11 @@ _FINAL_FROM_QUESTION = (
     "The retrieved text points to {answer}.",
 )
 
+_GUESS = (
+    "I think the answer is {answer}.",
+    "It should be {answer}.",
+)
+
 # Everything the expert writes besides names: fit a small tokenizer on it too.
 EXPERT_PHRASES: tuple[str, ...] = (
     *_FIRST_SEARCH,
@@ -75,6 +84,7 @@ EXPERT_PHRASES: tuple[str, ...] = (
     *_FINAL_FROM_CHAIN,
     *_QUESTION_SEARCH,
     *_FINAL_FROM_QUESTION,
+    *_GUESS,
 )
 
 
@@ -127,6 +137,7 @@ class ExpertDataStats:
     kept: int = 0
     skipped_hops: int = 0
     skipped_no_gold_in_retrieval: int = 0
+    early_answers: int = 0
     kept_by_hops: dict[int, int] = field(default_factory=dict)
 
     def merged(self, other: ExpertDataStats) -> ExpertDataStats:
@@ -140,6 +151,7 @@ class ExpertDataStats:
             skipped_hops=self.skipped_hops + other.skipped_hops,
             skipped_no_gold_in_retrieval=self.skipped_no_gold_in_retrieval
             + other.skipped_no_gold_in_retrieval,
+            early_answers=self.early_answers + other.early_answers,
             kept_by_hops=hops,
         )
 
@@ -149,6 +161,7 @@ class ExpertDataStats:
             "kept": self.kept,
             "skipped_hops": self.skipped_hops,
             "skipped_no_gold_in_retrieval": self.skipped_no_gold_in_retrieval,
+            "early_answers": self.early_answers,
             "kept_by_hops": {str(h): n for h, n in sorted(self.kept_by_hops.items())},
         }
 
@@ -166,7 +179,7 @@ def _chain(example: QAExample) -> list[dict[str, Any]] | None:
     chain = example.metadata.get("chain") if example.metadata else None
     if chain is None:
         return None
-    if not isinstance(chain, list) or not chain:
+    if not isinstance(chain, list) or not (chain or example.metadata.get("early_answer")):
         raise DataFormatError(f"example {example.id}: metadata.chain must be a non-empty list")
     for i, hop in enumerate(chain):
         if not isinstance(hop, dict) or not all(
@@ -223,8 +236,10 @@ def expert_actions(example: QAExample, *, think: bool = True, seed: int = 0) -> 
                     hop["query"].strip(),
                 )
             )
-        final_think = rng.choice(_FINAL_FROM_CHAIN).format(
-            prev_query=chain[-1]["query"].strip(), answer=answer
+        final_think = (
+            rng.choice(_FINAL_FROM_CHAIN).format(prev_query=chain[-1]["query"].strip(),
+                                                 answer=answer)
+            if chain else rng.choice(_GUESS).format(answer=answer)
         )
     for think_text, query in searches:
         if think:
@@ -236,6 +251,27 @@ def expert_actions(example: QAExample, *, think: bool = True, seed: int = 0) -> 
     else:
         actions.append(f"{ANSWER_OPEN} {answer} {ANSWER_CLOSE}")
     return actions
+
+
+def early_answer_variant(example: QAExample, rng: random.Random) -> QAExample:
+    """The example as a hasty demonstrator would do it: fewer searches, a wrong answer.
+
+    For a chain of `h` hops, keep the first `j` hops (`j` uniform in 0..h-1) and answer with the
+    last name the demonstrator has: the answer of hop `j`, or the question's start entity when
+    `j` is 0. Every chain entity is distinct, so that answer is always wrong: the warm start then
+    knows both behaviours (stop early, search on) and RL has a general decision to learn, the
+    one Search-R1's models learn, rather than facts to memorize.
+    """
+    chain = _chain(example)
+    if chain is None:
+        raise DataFormatError(f"example {example.id}: early answers need metadata.chain")
+    j = rng.randrange(len(chain))
+    start = (example.metadata or {}).get("start") or chain[0].get("subject")
+    if j == 0 and not start:
+        raise DataFormatError(f"example {example.id}: early answers need metadata.start")
+    answer = chain[j - 1]["answer"] if j else start
+    meta = {**example.metadata, "chain": chain[:j], "early_answer": True}
+    return replace(example, answers=(answer,), metadata=meta)
 
 
 def retrieval_contains_gold(hits: Sequence[Hit], golds: Sequence[str]) -> bool:
@@ -336,20 +372,29 @@ def build_expert_episodes(
     think: bool = True,
     max_hops: int | None = None,
     num_examples: int | None = None,
+    early_answer: float = 0.0,
     seed: int = 0,
 ) -> tuple[list[ExpertEpisode], ExpertDataStats]:
     """Expert trajectories for many examples, with all searches sent to the retriever at once.
 
     `max_hops` drops examples that need more searches (e.g. 1 = warm up on single-hop only, so
     multi-hop is left for RL to learn); `num_examples` caps how many trajectories are kept (in
-    input order). Both are the knobs for how much the warm start teaches.
+    input order). Both are the knobs for how much the warm start teaches. `early_answer` is the
+    share of chain examples replaced by their `early_answer_variant` (chosen per example, seeded).
     """
+    if not 0.0 <= early_answer <= 1.0:
+        raise ValueError(f"early_answer must be in [0, 1], got {early_answer}")
     stats = ExpertDataStats(considered=len(examples))
     chosen: list[QAExample] = []
     for ex in examples:
         if max_hops is not None and expert_hops(ex) > max_hops:
             stats.skipped_hops += 1
             continue
+        if early_answer and _chain(ex) is not None:
+            rng = random.Random(f"early:{seed}:{ex.id}")
+            if rng.random() < early_answer:
+                ex = early_answer_variant(ex, rng)
+                stats.early_answers += 1
         chosen.append(ex)
     flat: list[str] = []
     spans: list[tuple[int, int]] = []
