@@ -98,8 +98,11 @@ def summarize_run(path: Path) -> dict[str, Any]:
     # replayed with the current detector (not read from alarms.jsonl, which holds what the
     # detector of the day raised online), so a re-summary reflects detector changes
     critical = [a.step for a in scan_alarms(rows) if a.severity == "critical"]
+    evals = [r for r in rows if "eval/em" in r]
     return {
-        "eval_em": {r["step"]: r["eval/em"] for r in rows if "eval/em" in r},
+        "eval_em": {r["step"]: r["eval/em"] for r in evals},
+        "last_em_by_hops": {h: evals[-1].get(f"eval/em_{h}hop") for h in (1, 2, 3)}
+        if evals else {},
         "reward_last20": statistics.fmean(r["reward/mean"] for r in tail),
         "answered_last20": statistics.fmean(r["rollout/answered_frac"] for r in tail),
         "searches_last20": statistics.fmean(r["rollout/valid_searches"] for r in tail),
@@ -120,11 +123,22 @@ def _cell(values: Sequence[float]) -> str:
     return f"**{statistics.median(values):.3f}** ({' / '.join(f'{v:.3f}' for v in values)})"
 
 
+def _by_hops(per_seed: Sequence[dict[Any, Any]]) -> str:
+    """Median over seeds of the last evaluation's EM per hop count ("-" where not logged)."""
+    cells = []
+    for h in (1, 2, 3):
+        values = [d.get(h, d.get(str(h))) for d in per_seed]
+        values = [v for v in values if v is not None]
+        cells.append(f"{statistics.median(values):.2f}" if values else "-")
+    return " / ".join(cells)
+
+
 def table(study: dict[str, dict[int, dict[str, Any]]], start: float | None) -> str:
     checkpoints = sorted({s for runs in study.values() for r in runs.values()
                           for s in r["eval_em"]})
     head = ["arm", "seeds", "start EM", *[f"EM @ {s}" for s in checkpoints],
-            "train reward, last 20", "answered, last 20", "first critical alarm", "min / run"]
+            "last EM by hops 1 / 2 / 3", "train reward, last 20", "answered, last 20",
+            "first critical alarm", "min / run"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for arm, runs in study.items():
         seeds = sorted(runs)
@@ -133,6 +147,7 @@ def table(study: dict[str, dict[int, dict[str, Any]]], start: float | None) -> s
         alarms = [runs[s]["first_critical_alarm"] for s in seeds]
         cells = [
             arm, ", ".join(map(str, seeds)), "-" if start is None else f"{start:.3f}", *ems,
+            _by_hops([runs[s].get("last_em_by_hops", {}) for s in seeds]),
             _cell([runs[s]["reward_last20"] for s in seeds]),
             _cell([runs[s]["answered_last20"] for s in seeds]),
             " / ".join("none" if a is None else f"step {a}" for a in alarms),

@@ -139,4 +139,7 @@ def test_bad_inputs_are_named(world_dir, tmp_path, capsys) -> None:
     assert "not a world folder" in capsys.readouterr().err
     assert main(["sft", "--world", str(world_dir), "--out", str(tmp_path / "z")]) == 2
     assert "--tiny or --model" in capsys.readouterr().err
-    assert not (tmp_path / "x").exists() and not (tmp_path / "z").exists()
+    assert main(["sft", "--world", str(world_dir), *TINY, "--early-answer", "1.5",
+                 "--out", str(tmp_path / "w")]) == 2
+    assert "early_answer" in capsys.readouterr().err
+    assert not any((tmp_path / d).exists() for d in ("x", "z", "w"))

@@ -87,9 +87,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="--world: also train on K copies of the world with entity names "
                           "permuted (the same names on other facts), so only reading pays (0)")
     dat.add_argument("--early-answer", type=float,
-                     help="share of --world trajectories where the expert stops searching early "
-                          "and answers with the last name it read (wrong), as untrained models "
-                          "do; leaves a general behaviour for RL to learn (0)")
+                     help="share of chain trajectories (--world) where the expert stops searching "
+                          "early and answers with the last name it read (wrong), as untrained "
+                          "models do; leaves a general behaviour for RL to learn (0)")
     dat.add_argument("--loss-on", choices=["actions", "all"],
                      help="tokens trained on: the expert's actions, or all (passages and "
                           "questions too; grows copying in small models) (actions)")
@@ -130,6 +130,8 @@ def resolve_options(args: argparse.Namespace) -> dict[str, Any]:
             opts["epochs"] = None
         else:
             raise ConfigError("give steps or epochs, not both")
+    if not 0.0 <= float(opts["early_answer"] or 0.0) <= 1.0:
+        raise ConfigError(f"early_answer must be in [0, 1], got {opts['early_answer']}")
     return opts
 
 
@@ -261,6 +263,7 @@ def run(args: argparse.Namespace) -> int:
     n_params = sum(p.numel() for p in model.parameters())
     mean_len = sum(len(e) for e in episodes) / max(len(episodes), 1)
     print(f"{stats.kept} trajectories ({stats.to_dict()['kept_by_hops']} by hops; "
+          f"{stats.early_answers} stopping early, "
           f"{stats.skipped_hops} skipped by --max-hops, {stats.skipped_no_gold_in_retrieval} "
           f"without the answer in retrieval), {mean_len:.0f} tokens each on average; "
           f"model {n_params / 1e6:.2f}M parameters")
