@@ -22,13 +22,26 @@ def test_demo_configs_validate(tmp_path):
 
 def test_shipped_presets_validate():
     root = Path(__file__).resolve().parents[1] / "configs"
-    for name in ("organism.yaml", "smollm2-wiki.yaml", "search-r1-qwen2.5-3b.yaml"):
-        cfg = load_config(root / name)
-        assert cfg.steps >= 1, name
+    for path in sorted(root.glob("*.yaml")):
+        if path.name.startswith("sft-"):
+            continue  # `llds sft` options, not a training config
+        cfg = load_config(path)
+        assert cfg.steps >= 1, path.name
     paper = load_config(root / "search-r1-qwen2.5-3b.yaml")
     assert (paper.rollout.group_size, paper.optim.lr, paper.algo.kl_coef) == (5, 1e-6, 0.001)
     assert (paper.algo.llds.gate, paper.algo.llds.coef, paper.retriever.topk) == ("action", 0.2, 3)
     assert (paper.rollout.max_turns, paper.eval_max_turns) == (3, 4)
+    assert (paper.optim.mini_batches, paper.optim.epochs) == (10, 1)
+    assert paper.algo.llds.aggregation == "seq-mean-token-mean"
+    assert paper.algo.llds.first_update == "zero"
+    authors = load_config(root / "search-r1-qwen2.5-3b-authors.yaml")
+    assert (authors.optim.mini_batches, authors.optim.epochs) == (10, 1)
+    assert authors.algo.llds.aggregation == "token-mean"
+    assert authors.algo.llds.first_update == "computed"
+    assert authors.algo.entropy_coef == 0.001
+    assert authors.warmup_steps == round(0.285 * authors.steps)
+    for preset in (paper, authors):  # bf16 compute on float32 master weights
+        assert preset.model.dtype == "bfloat16"
 
 
 def test_warm_start_trains_on_the_world_and_its_relabeled_copies(tmp_path):

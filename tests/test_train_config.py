@@ -59,7 +59,7 @@ def test_override_parsing():
 
 
 def test_llds_can_act_property():
-    cfg = load_config(None, REQUIRED)
+    cfg = load_config(None, [*REQUIRED, "optim.mini_batches=1", "algo.llds.enabled=false"])
     assert not cfg.llds_can_act  # 1 mini-batch x 1 epoch
     cfg = load_config(None, [*REQUIRED, "optim.mini_batches=2"])
     assert cfg.llds_can_act

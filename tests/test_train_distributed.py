@@ -27,8 +27,14 @@ def test_two_processes_equal_one(tmp_path, small_world, world_tokenizer):
         prompts_per_step=4,
         # the entropy bonus gives a gradient even when every reward is 0; Adam with a large eps
         # is nearly linear in the gradient, so tiny rounding differences stay tiny
-        algo={"kl_coef": 0.01, "entropy_coef": 0.05},
-        optim={"lr": 0.05, "eps": 1.0, "mini_batches": 1},
+        # LLDS-MA: its answer weight beta must come from the global batch, not each rank's half
+        algo={
+            "kl_coef": 0.01,
+            "entropy_coef": 0.05,
+            # a negligible LLDS: its hinge would turn rounding differences into gradient ones
+            "llds": {"mask_answer": True, "coef": 1e-9},
+        },
+        optim={"lr": 0.05, "eps": 1.0, "mini_batches": 2},
     )
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     train = ["-m", "llds.cli", "train", "--config", str(cfg)]
@@ -66,5 +72,12 @@ def test_two_processes_equal_one(tmp_path, small_world, world_tokenizer):
     for k in one:
         assert torch.allclose(one[k], two[k], atol=1e-6 * max(1.0, moved * 1e3)), k
     m1, m2 = read_metrics(tmp_path / "one")[0], read_metrics(tmp_path / "two")[0]
-    for key in ("reward/mean", "rollout/response_tokens", "policy/grad_norm"):
+    for key in (
+        "reward/mean",
+        "rollout/response_tokens",
+        "rollout/context_capped",
+        "policy/grad_norm",
+        "llds/answer_weight",
+        "optim/update_ratio",
+    ):
         assert m2[key] == pytest.approx(m1[key], rel=1e-5, abs=1e-7), key

@@ -49,6 +49,7 @@ def save_checkpoint(
     scheduler,
     trainer_state: dict[str, Any],
     keep: int = 2,
+    grad_scaler: torch.amp.GradScaler | None = None,
 ) -> Path:
     """Write `ckpt_root/step_XXXXXX` atomically, point `latest` at it, prune old ones."""
     ckpt_root.mkdir(parents=True, exist_ok=True)
@@ -62,14 +63,14 @@ def save_checkpoint(
     hf_logging.disable_progress_bar()  # one progress line per checkpoint is noise in the run log
     model.save_pretrained(tmp / "model", safe_serialization=True)
     tokenizer.save_pretrained(tmp / "model")
-    torch.save(
-        {
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(),
-            "rng": rng_state(),
-        },
-        tmp / "optim.pt",
-    )
+    blobs: dict[str, Any] = {
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "rng": rng_state(),
+    }
+    if grad_scaler is not None:
+        blobs["grad_scaler"] = grad_scaler.state_dict()
+    torch.save(blobs, tmp / "optim.pt")
     (tmp / "trainer_state.json").write_text(json.dumps(trainer_state, indent=2), encoding="utf-8")
     if final.exists():
         shutil.rmtree(final)

@@ -19,6 +19,9 @@ class ModelConfig:
     """HF model directory or hub id (resolved from the local cache), or `smollm2` (the packaged
     SmolLM2-135M-Instruct)."""
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
+    """compute dtype of the policy (autocast). The trained weights and the optimizer state are
+    always float32 (master weights): a bf16 weight cannot take a 1e-6 step. `auto` computes in
+    the checkpoint's stored dtype."""
     device: str = "auto"
     chat: bool | None = None
     """apply the tokenizer's chat template to prompts; null = when it has one"""
@@ -55,6 +58,11 @@ class LLDSConfig:
     answer_weight: float | None = None
     """fixed beta for LLDS-MA; null = the paper's schedule min(V / baseline, 1)"""
     answer_baseline: float = 2.0
+    first_update: Literal["zero", "computed"] = "zero"
+    """LLDS on the first optimizer step of each rollout batch, where pi_theta == pi_old and
+    `d = log pi_old - log pi_theta` is only float rounding noise. `zero`: LLDS is exactly 0 there
+    (value and gradient), as in exact arithmetic. `computed`: evaluate it on whatever d the
+    floats give, as the authors' code does; the gate then opens on noise."""
 
 
 @dataclass
@@ -86,10 +94,13 @@ class OptimConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     warmup_steps: int = 0
+    warmup_ratio: float | None = None
+    """warm-up as a share of `steps` (Search-R1's code: 0.285); replaces warmup_steps when set"""
     schedule: Literal["constant", "cosine", "linear"] = "constant"
     grad_clip: float = 1.0
-    mini_batches: int = 1
-    """optimizer steps per rollout batch (per epoch); LLDS acts from the second on"""
+    mini_batches: int = 10
+    """optimizer steps per rollout batch (per epoch), as the paper's 10; LLDS acts from the
+    second on, so LLDS with one step in all is a config error"""
     epochs: int = 1
     micro_batch_tokens: int = 16384
     """token budget of one forward+backward (rows x padded length)"""
@@ -112,6 +123,9 @@ class DiagnosticsConfig:
     alarms: bool = True
     on_alarm: Literal["warn", "stop", "rollback"] = "warn"
     rollback_llds_coef: float = 0.2
+    update_ratio: bool = True
+    """log `optim/update_ratio` = ||delta theta|| / ||theta|| per step (keeps one copy of the
+    trainable weights during the update)"""
 
 
 @dataclass
@@ -167,6 +181,25 @@ class TrainConfig:
             raise bad("algo.llds.coef", "must be >= 0")
         if self.optim.mini_batches < 1 or self.optim.epochs < 1:
             raise bad("optim.mini_batches", "mini_batches and epochs must be >= 1")
+        if not self.llds_can_act:
+            why = (
+                "LLDS acts only from the second optimizer step on a rollout batch (on the first, "
+                "pi_theta == pi_old), and mini_batches x epochs = 1 gives it none; use "
+                "optim.mini_batches >= 2 (the paper takes 10)"
+            )
+            if self.algo.llds.enabled and self.algo.llds.coef > 0:
+                raise bad("optim.mini_batches", f"{why}, or algo.llds.enabled=false")
+            if self.diagnostics.on_alarm == "rollback":
+                raise bad(
+                    "optim.mini_batches",
+                    f"diagnostics.on_alarm=rollback turns LLDS on after a rollback: {why}",
+                )
+        w = self.optim.warmup_ratio
+        if w is not None:
+            if not 0 <= w < 1:
+                raise bad("optim.warmup_ratio", f"must be in [0, 1), got {w}")
+            if self.optim.warmup_steps:
+                raise bad("optim.warmup_ratio", "set either warmup_ratio or warmup_steps, not both")
         rows = self.prompts_per_step * self.rollout.group_size
         if self.optim.mini_batches > rows:
             raise bad("optim.mini_batches", f"{self.optim.mini_batches} > {rows} rollouts per step")
@@ -180,6 +213,13 @@ class TrainConfig:
     def llds_can_act(self) -> bool:
         """LLDS sees d != 0 only from the second optimizer step on each rollout batch."""
         return self.optim.mini_batches * self.optim.epochs > 1
+
+    @property
+    def warmup_steps(self) -> int:
+        """Warm-up length in steps, from `optim.warmup_ratio` when set."""
+        if self.optim.warmup_ratio is not None:
+            return round(self.optim.warmup_ratio * self.steps)
+        return self.optim.warmup_steps
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:

@@ -19,27 +19,37 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def load_model(cfg: ModelConfig, path: str | None = None) -> tuple[Any, Any]:
-    """(model, tokenizer) from `path` (a checkpoint) or the configured model."""
+def load_model(
+    cfg: ModelConfig, path: str | None = None, *, dtype: str | None = None
+) -> tuple[Any, Any]:
+    """(model, tokenizer) from `path` (a checkpoint) or the configured model.
+
+    `dtype` overrides `cfg.dtype` as the storage dtype: training loads float32 master weights
+    whatever the compute dtype (see `llds.train.precision`); evaluation may load bf16 directly.
+    """
     from llds.models.hf import load_policy
 
     source = path or cfg.path
     device = str(resolve_device(cfg.device))
+    storage = dtype or cfg.dtype
     if source == "smollm2":
         from llds.models.smollm2 import load_smollm2
 
-        model, tok = load_smollm2(dtype=cfg.dtype, device=device)
+        model, tok = load_smollm2(dtype=storage, device=device)
     else:
-        model, tok = load_policy(source, dtype=cfg.dtype, device=device)
+        model, tok = load_policy(source, dtype=storage, device=device)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
         model.config.use_cache = True  # generation still uses the cache
     return model, tok
 
 
-def frozen_copy(model) -> Any:
-    """A reference policy: same weights, no gradients, eval mode."""
+def frozen_copy(model, dtype: torch.dtype | None = None) -> Any:
+    """A reference policy: same weights, no gradients, eval mode; stored in `dtype` if given
+    (a frozen copy needs no float32 master: bf16 halves its memory)."""
     ref = copy.deepcopy(model)
+    if dtype is not None:
+        ref.to(dtype)
     ref.eval()
     for p in ref.parameters():
         p.requires_grad_(False)

@@ -52,6 +52,7 @@ from llds.train.configio import to_dict
 from llds.train.distributed import Dist
 from llds.train.forward import batched_log_probs, plan_micro_batches, response_log_probs
 from llds.train.periodic_eval import PeriodicEvaluator, eval_rollout_config, is_due
+from llds.train.precision import Precision, compute_dtype_of, update_ratio
 from llds.train.setup import PromptStream, frozen_copy, load_model
 from llds.train.tracking import MetricsLogger, read_metrics
 
@@ -106,16 +107,23 @@ class GRPOTrainer:
             )
         ckpt = latest_checkpoint(self.ckpt_root) if resume else None
 
+        # float32 master weights whatever model.dtype says; that is the compute dtype
         if model is None or tokenizer is None:
-            model, tokenizer = load_model(cfg.model)
-        self.ref_model = frozen_copy(model) if cfg.algo.kl_coef > 0 else None
-        if ckpt is not None:
-            model, tokenizer = load_model(cfg.model, path=str(ckpt / "model"))
+            model, tokenizer = load_model(cfg.model, dtype="float32")
+        _to_float32(model)
         if self.dist.enabled:
             model.to(self.dist.device)
-            if self.ref_model is not None:
-                self.ref_model.to(self.dist.device)
+        device_type = next(model.parameters()).device.type
+        self.precision = Precision(compute_dtype_of(cfg.model.dtype, cfg.model.path), device_type)
+        self.ref_model = (
+            frozen_copy(model, self.precision.compute_dtype) if cfg.algo.kl_coef > 0 else None
+        )
+        if ckpt is not None:
+            model, tokenizer = load_model(cfg.model, path=str(ckpt / "model"), dtype="float32")
+            _to_float32(model)
+            model.to(device_type if not self.dist.enabled else self.dist.device)
         self.model, self.tokenizer = model, tokenizer
+        self.scaler = self.precision.grad_scaler()
         self.model.train()
 
         if retriever is None and cfg.rollout.max_turns > 0:  # single-turn runs never search
@@ -151,7 +159,7 @@ class GRPOTrainer:
             fused=_fusable(params),
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_lambda(cfg.optim.schedule, cfg.optim.warmup_steps, cfg.steps)
+            self.optimizer, lr_lambda(cfg.optim.schedule, cfg.warmup_steps, cfg.steps)
         )
         self.step = 0
         self.nonfinite_in_a_row = 0
@@ -160,18 +168,14 @@ class GRPOTrainer:
             state, blobs = load_training_state(ckpt)
             self.optimizer.load_state_dict(blobs["optimizer"])
             self.scheduler.load_state_dict(blobs["scheduler"])
+            if self.scaler is not None and "grad_scaler" in blobs:
+                self.scaler.load_state_dict(blobs["grad_scaler"])
             set_rng_state(blobs["rng"])
             self.step = int(state["step"])
             self.nonfinite_in_a_row = int(state.get("nonfinite_in_a_row", 0))
             self.skipped_updates = int(state.get("skipped_updates", 0))
             log.info("resumed from %s at step %d", ckpt, self.step)
 
-        if cfg.algo.llds.enabled and cfg.algo.llds.coef > 0 and not cfg.llds_can_act:
-            log.warning(
-                "LLDS is enabled but optim.mini_batches x optim.epochs = 1: the policy never "
-                "moves away from pi_old before its only update, so d = 0 and LLDS can never act. "
-                "Use optim.mini_batches > 1 (the paper takes 10 optimizer steps per rollout batch)."
-            )
         self.logger: MetricsLogger | None = None
         self.monitor = self._new_monitor()
         self.rollbacks = 0
@@ -243,7 +247,8 @@ class GRPOTrainer:
             for j in self.dist.shard(len(examples))
             for i in range(g)
         ]
-        batch = self.engine.generate(requests)
+        with self.precision.autocast():
+            batch = self.engine.generate(requests)
         t_rollout = time.perf_counter() - t0
 
         adv = group_advantages(batch.rewards, batch.group_ids, normalize_std=cfg.algo.normalize_std)
@@ -255,19 +260,24 @@ class GRPOTrainer:
             old_logp, entropy = batch.rollout_logprobs, batch.rollout_entropy
         else:
             self.model.eval()
-            old_logp, entropy = batched_log_probs(
-                self.model, batch, budget, temperature=temp, with_entropy=True
-            )
+            with self.precision.autocast():
+                old_logp, entropy = batched_log_probs(
+                    self.model, batch, budget, temperature=temp, with_entropy=True
+                )
         t_old = time.perf_counter() - t1
         ref_logp = None
         t2 = time.perf_counter()
         if self.ref_model is not None:
-            ref_logp, _ = batched_log_probs(self.ref_model, batch, budget, temperature=temp)
+            with self.precision.autocast():
+                ref_logp, _ = batched_log_probs(self.ref_model, batch, budget, temperature=temp)
         t_ref = time.perf_counter() - t2
 
         t3 = time.perf_counter()
         self.model.train()
-        update_stats = self._update(batch, adv, old_logp, ref_logp, k)
+        # each local row's index in the step's global batch (question j, rollout i), so that
+        # mini-batches are drawn from the global batch as a single process would draw them
+        global_rows = [j * g + i for j in self.dist.shard(len(examples)) for i in range(g)]
+        update_stats = self._update(batch, adv, old_logp, ref_logp, k, global_rows)
         t_update = time.perf_counter() - t3
         self.scheduler.step()
 
@@ -299,7 +309,8 @@ class GRPOTrainer:
         if self.monitor is not None:
             metrics["phase"] = self.monitor.label.phase if self.monitor.label else "warmup"
         if self.evaluator is not None and is_due(self.step, cfg.eval_every, cfg.steps):
-            metrics.update(self.evaluator(self.model, self.step))
+            with self.precision.autocast():
+                metrics.update(self.evaluator(self.model, self.step))
         if self.logger is not None:
             self.logger.log(self.step, metrics)
         if self.step % cfg.save_every == 0 or self.step == cfg.steps:
@@ -309,9 +320,7 @@ class GRPOTrainer:
             self._on_alarms(alarms)
         return row
 
-    def _periodic_evaluator(
-        self, examples: Sequence[QAExample] | None
-    ) -> PeriodicEvaluator | None:
+    def _periodic_evaluator(self, examples: Sequence[QAExample] | None) -> PeriodicEvaluator | None:
         """Greedy held-out evaluation every `eval_every` steps (main process only)."""
         cfg = self.cfg
         if cfg.eval_every <= 0 or not self.dist.is_main:
@@ -375,12 +384,14 @@ class GRPOTrainer:
             self.logger.close()
             abandoned = self.run_dir / f"metrics.rollback{self.rollbacks + 1}.jsonl"
             abandoned.write_text((self.run_dir / "metrics.jsonl").read_text(encoding="utf-8"))
-        model, _ = load_model(self.cfg.model, path=str(target / "model"))
+        model, _ = load_model(self.cfg.model, path=str(target / "model"), dtype="float32")
         self.model.load_state_dict(model.state_dict())
         del model
         state, blobs = load_training_state(target)
         self.optimizer.load_state_dict(blobs["optimizer"])
         self.scheduler.load_state_dict(blobs["scheduler"])
+        if self.scaler is not None and "grad_scaler" in blobs:
+            self.scaler.load_state_dict(blobs["grad_scaler"])
         self.step = int(state["step"])
         lc = self.cfg.algo.llds
         lc.enabled = True
@@ -419,31 +430,50 @@ class GRPOTrainer:
             return False
         if algo.old_logprobs == "rollout":
             return True
-        llds_on = algo.llds.enabled and algo.llds.coef > 0  # read per step: rollback turns it on
-        return not llds_on and all(p.dtype == torch.float32 for p in self.model.parameters())
+        # auto: float32 sampling logits equal the training forward's to rounding; LLDS's first
+        # step is exactly 0 whatever pi_old's rounding. The authors' first-step LLDS acts on that
+        # rounding, so it gets their recomputed pi_old (read per step: rollback turns LLDS on).
+        lc = algo.llds
+        noisy_llds = lc.enabled and lc.coef > 0 and lc.first_update == "computed"
+        return not noisy_llds and not self.precision.mixed
 
     def _answer_weight(self, batch: RolloutBatch) -> float:
+        """LLDS-MA's beta from the mean valid searches per rollout of the GLOBAL batch."""
         lc = self.cfg.algo.llds
         if lc.answer_weight is not None:
             return lc.answer_weight
-        v = sum(e.num_valid_searches for e in batch.episodes) / max(1, len(batch))
-        return answer_weight_schedule(v, lc.answer_baseline)
+        searches = self.dist.sum(sum(e.num_valid_searches for e in batch.episodes))
+        rollouts = self.dist.sum(len(batch))
+        return answer_weight_schedule(
+            float(searches) / max(1.0, float(rollouts)), lc.answer_baseline
+        )
 
-    def _update(self, batch: RolloutBatch, adv, old_logp, ref_logp, k: int) -> dict[str, float]:
+    def _update(
+        self, batch: RolloutBatch, adv, old_logp, ref_logp, k: int, global_rows: list[int]
+    ) -> dict[str, float]:
         cfg, algo, lc = self.cfg, self.cfg.algo, self.cfg.algo.llds
         use_llds = lc.enabled and lc.coef > 0
         beta = self._answer_weight(batch) if (use_llds and lc.mask_answer) else 1.0
         params = [p for p in self.model.parameters() if p.requires_grad]
-        b = len(batch)
+        start = [p.detach().clone() for p in params] if cfg.diagnostics.update_ratio else None
+        local_of = {gid: local for local, gid in enumerate(global_rows)}
+        n_global = cfg.prompts_per_step * cfg.rollout.group_size
         gen = torch.Generator().manual_seed(cfg.seed * 7_919 + k)
         acc: Counter[str] = Counter()
         maxes: dict[str, float] = {}
         mins: dict[str, float] = {}
         grad_norms: list[float] = []
         n_updates = 0
+        first_mini_batches = 0
         for _ in range(cfg.optim.epochs):
-            order = torch.randperm(b, generator=gen).tolist()
-            for mb in _split(order, cfg.optim.mini_batches):
+            order = torch.randperm(n_global, generator=gen).tolist()
+            for part in _split(order, cfg.optim.mini_batches):
+                mb = [local_of[gid] for gid in part if gid in local_of]  # this rank's rows
+                # Before the batch's first successful optimizer step pi_theta == pi_old: d is
+                # rounding noise only, and LLDS is exactly 0 unless the authors' behaviour is asked
+                first = n_updates == 0
+                first_mini_batches += first
+                llds_acts = use_llds and (not first or lc.first_update == "computed")
                 # denominators over the GLOBAL mini-batch (all ranks), so summed gradients equal
                 # the single-process gradient
                 lm = batch.loss_mask[mb]
@@ -457,9 +487,13 @@ class GRPOTrainer:
                     sub = batch.select(micro)
                     w = sub.response_len
                     need_ent = algo.entropy_coef > 0
-                    lp, ent = response_log_probs(
-                        self.model, sub, temperature=cfg.rollout.temperature, with_entropy=need_ent
-                    )
+                    with self.precision.autocast():
+                        lp, ent = response_log_probs(
+                            self.model,
+                            sub,
+                            temperature=cfg.rollout.temperature,
+                            with_entropy=need_ent,
+                        )
                     mask = sub.loss_mask.to(lp.device)
                     old = old_logp[micro, :w].to(lp.device)
                     a = adv[micro].to(lp.device)
@@ -500,8 +534,10 @@ class GRPOTrainer:
                         )
                         loss = loss - algo.entropy_coef * ent_term
                     if use_llds:
+                        # on a step where LLDS must not act it is still evaluated, detached, to
+                        # record how often its gate would open on rounding noise
                         ll, lst = llds_loss(
-                            lp,
+                            lp if llds_acts else lp.detach(),
                             old,
                             a,
                             mask,
@@ -513,15 +549,22 @@ class GRPOTrainer:
                             num_sequences=n_pre,
                             num_tokens=n_tok,
                         )
-                        loss = loss + ll
-                        acc["llds/loss"] += float(ll.detach())
-                        for key in ("gate_frac", "penalized_token_frac", "mean_penalty"):
-                            acc[f"llds/{key}"] += float(lst[key]) * share
-                    loss.backward()
+                        if first:
+                            acc["llds/first_step_gate_frac"] += float(lst["gate_frac"]) * share
+                        if llds_acts:
+                            loss = loss + ll
+                            acc["llds/loss"] += float(ll.detach())
+                            for key in ("gate_frac", "penalized_token_frac", "mean_penalty"):
+                                acc[f"llds/{key}"] += float(lst[key]) * share
+                    (loss if self.scaler is None else self.scaler.scale(loss)).backward()
                 self.dist.sum_grads(params)
+                if self.scaler is not None:
+                    self.scaler.unscale_(self.optimizer)
                 norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip)
                 if not torch.isfinite(norm):
                     self.optimizer.zero_grad(set_to_none=True)
+                    if self.scaler is not None:  # float16 overflow: lower the loss scale, go on
+                        self.scaler.update()
                     self.nonfinite_in_a_row += 1
                     self.skipped_updates += 1
                     log.warning(
@@ -537,10 +580,18 @@ class GRPOTrainer:
                     continue
                 self.nonfinite_in_a_row = 0
                 grad_norms.append(float(norm))
-                self.optimizer.step()
+                if self.scaler is None:
+                    self.optimizer.step()
+                else:
+                    self.scaler.step(self.optimizer)
+                    self.scaler.update()
                 n_updates += 1
         n_mb = cfg.optim.mini_batches * cfg.optim.epochs
         out = {key: val / n_mb for key, val in acc.items()}
+        if "llds/first_step_gate_frac" in acc:  # measured on one mini-batch, not averaged over all
+            out["llds/first_step_gate_frac"] = acc["llds/first_step_gate_frac"] / max(
+                1, first_mini_batches
+            )
         for key in ("policy/pg_loss", "policy/kl", "llds/loss"):
             if key in out:  # this rank's share of a global sum: the cross-rank mean restores it
                 out[key] *= self.dist.world
@@ -550,6 +601,9 @@ class GRPOTrainer:
         out["policy/grad_norm_max"] = max(grad_norms) if grad_norms else float("nan")
         out["optim/updates"] = n_updates
         out["optim/skipped_total"] = self.skipped_updates
+        if start is not None:
+            moved, size = update_ratio(start, [p.detach() for p in params])
+            out["optim/update_ratio"] = math.sqrt(moved / size) if size > 0 else 0.0
         if use_llds:
             out["llds/answer_weight"] = beta
         self.optimizer.zero_grad(set_to_none=True)
@@ -575,6 +629,10 @@ class GRPOTrainer:
             "rollout/invalid_actions": sum(e.num_invalid for e in eps) / n,
             "rollout/response_tokens": float(batch.loss_mask.sum()) / n,
             "rollout/answered_frac": stops["answer"] / n,
+            # a count over the global batch (every rank logs the same sum)
+            "rollout/context_capped": float(
+                self.dist.sum(sum(getattr(e, "context_capped", False) for e in eps))
+            ),
             "rollout/valid_format_frac": sum(e.valid_format for e in eps) / n,
             "groups/mixed_frac": mixed / max(1, len(groups)),
             "groups/all_correct_frac": all_right / max(1, len(groups)),
@@ -605,12 +663,13 @@ class GRPOTrainer:
             rows = list(range(b))
         sub = batch.select(rows)
         self.model.eval()
-        new_logp, _ = batched_log_probs(
-            self.model,
-            sub,
-            self.cfg.optim.micro_batch_tokens,
-            temperature=self.cfg.rollout.temperature,
-        )
+        with self.precision.autocast():
+            new_logp, _ = batched_log_probs(
+                self.model,
+                sub,
+                self.cfg.optim.micro_batch_tokens,
+                temperature=self.cfg.rollout.temperature,
+            )
         self.model.train()
         w = sub.response_len
         correct = torch.tensor([e.em > 0 for e in sub.episodes])
@@ -636,6 +695,7 @@ class GRPOTrainer:
             tokenizer=self.tokenizer,
             optimizer=self.optimizer,
             scheduler=self.scheduler,
+            grad_scaler=self.scaler,
             trainer_state=state,
             keep=self.cfg.keep_checkpoints,
         )
@@ -646,6 +706,15 @@ class GRPOTrainer:
 def rollout_seed(seed: int, step: int, row: int) -> int:
     """A distinct 62-bit sampling seed per (run seed, step, global rollout index)."""
     return ((seed * 1_000_003 + step) * 1_000_033 + row) % (1 << 62)
+
+
+def _to_float32(model) -> None:
+    """Make every floating parameter float32 in place: these are the master weights the
+    optimizer steps (low precision is for compute only, see `llds.train.precision`)."""
+    low = {p.dtype for p in model.parameters() if p.is_floating_point()} - {torch.float32}
+    if low:
+        log.info("policy weights %s -> float32 master weights", sorted(map(str, low)))
+        model.float()
 
 
 def _fusable(params: Sequence[torch.nn.Parameter]) -> bool:

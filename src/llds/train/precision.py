@@ -1,0 +1,108 @@
+"""Mixed precision for the policy update: float32 master weights, low-precision compute.
+
+Why not step bf16 weights directly: at the paper's learning rate (1e-6) an Adam update is about
+1e-6 per element, far below bfloat16's spacing at weight scale (~1e-4 for weights near 0.02), so
+most of it rounds away and the model barely moves. The trained policy therefore always holds
+float32 parameters and optimizer state; `model.dtype: bfloat16` (or float16) selects the dtype of
+the matrix multiplications, through `torch.autocast`, for rollouts, log-prob passes and the
+update alike. Only frozen copies (the KL reference) are stored in the compute dtype.
+
+float16 has a narrow exponent range, so its gradients are scaled (`torch.amp.GradScaler`);
+bfloat16 needs no scaling.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from llds.errors import UserInputError
+
+COMPUTE_DTYPES: dict[str, torch.dtype | None] = {
+    "float32": None,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Where and in which dtype the policy computes; `compute_dtype=None` is plain float32."""
+
+    compute_dtype: torch.dtype | None
+    device_type: str = "cpu"
+
+    @property
+    def mixed(self) -> bool:
+        return self.compute_dtype is not None
+
+    @property
+    def name(self) -> str:
+        return "float32" if self.compute_dtype is None else str(self.compute_dtype).split(".")[-1]
+
+    @contextlib.contextmanager
+    def autocast(self) -> Iterator[None]:
+        """Run the enclosed forward passes in the compute dtype (a no-op for float32).
+
+        Within one autocast region each float32 weight is cast once and reused, so wrapping a
+        whole rollout (hundreds of decode steps) costs one cast of the model, not one per step.
+        """
+        if self.compute_dtype is None:
+            yield
+            return
+        with torch.autocast(device_type=self.device_type, dtype=self.compute_dtype):
+            yield
+
+    def grad_scaler(self) -> torch.amp.GradScaler | None:
+        """A loss scaler for float16 compute (gradients underflow without it); None otherwise."""
+        if self.compute_dtype is not torch.float16:
+            return None
+        return torch.amp.GradScaler(self.device_type)
+
+
+def compute_dtype_of(dtype: str, source: str | None = None) -> torch.dtype | None:
+    """The compute dtype for `model.dtype`; `auto` takes the checkpoint's stored dtype.
+
+    `source` is the model directory `auto` reads `config.json` from; anything but bf16/fp16 there
+    (or no readable config) means float32.
+    """
+    if dtype in COMPUTE_DTYPES:
+        return COMPUTE_DTYPES[dtype]
+    if dtype != "auto":
+        raise UserInputError(
+            f"model.dtype must be one of {[*COMPUTE_DTYPES, 'auto']}, got {dtype!r}"
+        )
+    stored = _stored_dtype(source) if source else None
+    return COMPUTE_DTYPES.get(stored or "float32")
+
+
+def _stored_dtype(source: str) -> str | None:
+    path = Path(source).expanduser() / "config.json"
+    if not path.is_file():
+        return None
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    value = config.get("dtype", config.get("torch_dtype"))
+    return value if isinstance(value, str) and value in COMPUTE_DTYPES else None
+
+
+def update_ratio(before: list[torch.Tensor], after: list[torch.Tensor]) -> tuple[float, float]:
+    """`(sum ||after - before||^2, sum ||before||^2)` over a list of (local) tensors.
+
+    The caller takes the square root of the ratio, after summing both parts over ranks when the
+    tensors are shards. Accumulates in float64: the differences are ~1e-6 of the weights.
+    """
+    num = torch.zeros((), dtype=torch.float64)
+    den = torch.zeros((), dtype=torch.float64)
+    for b, a in zip(before, after, strict=True):
+        b64 = b.detach().double()
+        num += (a.detach().double() - b64).pow(2).sum().cpu()
+        den += b64.pow(2).sum().cpu()
+    return float(num), float(den)
