@@ -16,10 +16,12 @@ from llds.env import (
     exact_match,
     extract_answer,
     f1_score,
+    final_answer,
     information_block,
     invalid_action_message,
     is_valid_sequence,
     normalize_answer,
+    score_answer,
     search_limit_message,
     substring_match,
 )
@@ -292,3 +294,71 @@ def test_reward_config_errors():
 def test_prompt_example_answer_is_never_scored():
     # scoring sees only the response; a rollout that never answers gets 0 even if gold is "Paris"
     assert compute_reward("<think>I do not know</think>", ["Paris"]).reward == 0.0
+
+
+# --- final answer action only ---------------------------------------------------------------
+
+STITCHED = "<answer> Paris" + invalid_action_message() + " </answer>"
+
+
+def test_final_answer_reads_the_last_turn_only():
+    assert final_answer(["<search> q </search>", "<think>t</think><answer> Paris </answer>"]) == (
+        "Paris"
+    )
+    # opened in one turn, closed in the next: no turn holds a complete span
+    assert final_answer(["<answer> Paris", " </answer>"]) is None
+    # an earlier turn's answer does not count when the last turn is no answer
+    assert final_answer(["<answer> Rome </answer>", "<think> more"]) is None
+    # the deciding span of the last turn (first closing tag), as the environment acted on it
+    assert final_answer(["<answer> Rome </answer><answer> Paris </answer>"]) == "Rome"
+    assert final_answer(["<answer> a <search> q </search> b </answer>"]) is None  # a search
+    assert final_answer(["<answer>  </answer>"]) == ""
+    assert final_answer([]) is None
+
+
+def test_score_answer_scores_only_the_given_answer():
+    # the stitched text still has a last complete span for the plain-text path...
+    assert extract_answer(STITCHED) == "Paris"
+    assert compute_reward(STITCHED, ["Paris"]).reward == 1.0
+    # ...but a rollout without a final answer action scores 0, whatever its text holds
+    r = score_answer(None, ["Paris"], response_text=STITCHED)
+    assert (r.reward, r.em, r.f1, r.sub_em, r.answer, r.valid_format) == (
+        0.0, 0.0, 0.0, 0.0, None, False,
+    )  # fmt: skip
+    r = score_answer("Paris France", ["Paris"], response_text=VALID_WRONG)
+    assert (r.reward, r.em, r.f1, r.sub_em) == (0.0, 0.0, pytest.approx(2 / 3), 1.0)
+    assert r.answer == "Paris France" and r.valid_format  # the format check reads the text
+    assert score_answer("Paris France", ["Paris"], metric="f1").reward == pytest.approx(2 / 3)
+
+
+def test_score_answer_format_reward_table():
+    cfg = FormatRewardConfig(structure_score=0.2, final_format_score=0.1, retrieval_score=0.1,
+                             enabled=True)  # fmt: skip
+    golds = ["Paris"]
+
+    def reward(answer, text, **kw):
+        return score_answer(answer, golds, response_text=text, format_config=cfg, **kw).reward
+
+    assert reward("Paris", VALID_RIGHT) == 1.0
+    assert reward("Paris", INVALID_RIGHT) == pytest.approx(0.8)
+    assert reward("Lyon", VALID_WRONG) == pytest.approx(0.2)
+    assert reward("Lyon", INVALID_WRONG) == pytest.approx(0.1)
+    # no final answer action: 0, where the plain-text path finds a stitched answer (0.8)
+    assert compute_reward(STITCHED, golds, format_config=cfg).reward == pytest.approx(0.8)
+    assert reward(None, STITCHED) == 0.0
+    # valid sequence, wrong answer, gold in the retrieved text: structure + retrieval bonus
+    info = information_block([Hit("1", '"France"\nThe capital is Paris.')])
+    text = f"<think>t</think><search>capital</search>{info}<think>u</think><answer>Lyon</answer>"
+    assert reward("Lyon", text) == pytest.approx(0.3)
+    assert reward("Lyon", text, retrieved_texts=["nothing"]) == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize(
+    "text", [VALID_RIGHT, INVALID_RIGHT, VALID_WRONG, INVALID_WRONG, NO_ANSWER, STITCHED]
+)
+def test_compute_reward_is_score_answer_of_the_extracted_answer(text):
+    cfg = FormatRewardConfig(enabled=True)
+    for fmt in (None, cfg):
+        assert compute_reward(text, ["Paris"], format_config=fmt) == score_answer(
+            extract_answer(text), ["Paris"], response_text=text, format_config=fmt
+        )

@@ -246,6 +246,23 @@ def test_gold_answers_formats():
         gold_answers([1, 2])
 
 
+def test_search_r1_reward_scores_the_final_answer_action():
+    from llds.env import FormatRewardConfig, invalid_action_message
+
+    stitched = "<answer> Paris" + invalid_action_message() + " </answer>"
+    valid = "<think>t</think><answer> Paris </answer>"
+    golds = {"golden_answers": [["Paris"], ["Paris"]]}
+    em = search_r1_reward()
+    fmt = search_r1_reward(format_reward=FormatRewardConfig(enabled=True))
+    # search_rollout_func's final_answer: None when the rollout did not end with an answer
+    fields = {"response_text": [stitched, valid], "final_answer": [None, "Paris"]}
+    assert em(["", ""], **fields, **golds) == [0.0, 1.0]
+    assert fmt(["", ""], **fields, **golds) == [0.0, 1.0]
+    # plain completions (no rollout fields): the last complete answer span of the text
+    assert em([stitched, valid], **golds) == [1.0, 1.0]
+    assert fmt([stitched, valid], **golds) == [pytest.approx(0.8), 1.0]
+
+
 def test_two_step_run_with_search_rollout_func(
     tmp_path, world_tokenizer, small_world, world_retriever
 ):
@@ -293,6 +310,10 @@ def test_two_step_run_with_search_rollout_func(
     env_mask = out["env_mask"]
     assert all(len(m) == len(c) for m, c in zip(env_mask, out["completion_ids"], strict=True))
     assert any(0 in m for m in env_mask)  # some rollouts searched: observation tokens present
+    # the final answer reaches the reward function; it exists exactly when an answer span is masked
+    assert len(out["final_answer"]) == 8
+    for answer, mask in zip(out["final_answer"], out["answer_mask"], strict=True):
+        assert (answer is not None) == any(mask)
 
     logs = [h for h in trainer.state.log_history if "loss" in h]
     assert len(logs) == 2

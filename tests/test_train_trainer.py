@@ -340,3 +340,22 @@ def test_on_alarm_rollback_restores_and_turns_llds_on(
 
 def read_metrics_file(path):
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_context_capped_rollouts_are_counted(
+    tmp_path, small_world, world_tokenizer, world_retriever
+):
+    tr = _trainer(
+        tmp_path,
+        small_world,
+        world_tokenizer,
+        world_retriever,
+        ["steps=1", "rollout.max_total_tokens=40", "rollout.max_turn_tokens=30"],
+    )
+    batches = []
+    generate = tr.engine.generate
+    tr.engine.generate = lambda reqs: batches.append(generate(reqs)) or batches[-1]
+    (row,) = tr.train()
+    capped = sum(e.context_capped for e in batches[0].episodes)
+    assert capped > 0
+    assert row["rollout/context_capped"] == capped

@@ -17,8 +17,10 @@ from llds.env.rewards import (
     exact_match,
     extract_answer,
     f1_score,
+    final_answer,
     is_valid_sequence,
     normalize_answer,
+    score_answer,
     substring_match,
 )
 from llds.env.tags import (
@@ -56,6 +58,7 @@ __all__ = [
     "exact_match",
     "extract_answer",
     "f1_score",
+    "final_answer",
     "first_stop_index",
     "format_hits",
     "information_block",
@@ -63,6 +66,7 @@ __all__ = [
     "is_valid_sequence",
     "normalize_answer",
     "parse_action",
+    "score_answer",
     "search_limit_message",
     "substring_match",
     "truncate_to_tokens",

@@ -3,6 +3,11 @@
 `response_text` everywhere is the rollout after the prompt: the model's turns plus the
 observations the environment inserted. Scoring never looks at the prompt, so the example answer
 inside the instruction can never be scored.
+
+Two ways in: a multi-turn rollout whose turns are known scores its final answer action only
+(`final_answer` + `score_answer`, what the rollout engine does), so an `<answer>` opened in one
+turn and closed in a later one is no answer. `compute_reward` scores a plain response text whose
+turn boundaries are unknown, taking the last complete answer span of the model's text.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from llds.env.actions import parse_action
 from llds.env.observation import invalid_action_message, search_limit_message
 from llds.env.tags import ANSWER_CLOSE, ANSWER_OPEN, INFO_CLOSE, INFO_OPEN
 from llds.errors import ConfigError, UserInputError
@@ -73,6 +79,21 @@ def extract_answer(response_text: str) -> str | None:
             return text[open_at + len(ANSWER_OPEN) : close_at].strip()
         close_at = previous_close
     return None
+
+
+def final_answer(turn_texts: Sequence[str]) -> str | None:
+    """The answer of a multi-turn rollout: the content of the answer action of its LAST turn.
+
+    `turn_texts` are the model's turns in order (observations excluded). The last turn is parsed
+    as the environment parses it (`parse_action`: the complete span whose closing tag comes first
+    decides); when that action is an answer its stripped content is returned ("" for an empty
+    answer), otherwise None. Earlier turns are never read: an `<answer>` opened in one turn and
+    closed in a later turn, across an observation, is no answer.
+    """
+    if not turn_texts:
+        return None
+    action = parse_action(turn_texts[-1])
+    return action.content if action.kind == "answer" else None
 
 
 def _gold_list(golds: Sequence[str] | str) -> list[str]:
@@ -232,17 +253,45 @@ def compute_reward(
     format_config: FormatRewardConfig | None = None,
     retrieved_texts: Sequence[str] | None = None,
 ) -> RewardResult:
-    """Score one rollout. Default: the metric of the last answer (EM: 1 or 0; no answer: 0).
+    """Score one response text. Default: the metric of the last answer (EM: 1 or 0; no answer: 0).
 
+    The answer is `extract_answer(response_text)`, the last complete answer span of the model's
+    text, for callers that only have the text. A rollout whose turns are known should score its
+    final answer action instead: `score_answer(final_answer(turns), ...)`.
     `metric` picks the reward ("em", "f1" or "sub_em"); all three are reported regardless.
     With `format_config.enabled` the reward follows `FormatRewardConfig` (binary metrics only).
     `retrieved_texts` are the passages retrieved during the rollout; when None, the contents of
     the information blocks in `response_text` are used for the retrieval bonus.
     """
+    return score_answer(
+        extract_answer(response_text),
+        golds,
+        response_text=response_text,
+        metric=metric,
+        format_config=format_config,
+        retrieved_texts=retrieved_texts,
+    )
+
+
+def score_answer(
+    answer: str | None,
+    golds: Sequence[str] | str,
+    *,
+    response_text: str = "",
+    metric: str = "em",
+    format_config: FormatRewardConfig | None = None,
+    retrieved_texts: Sequence[str] | None = None,
+) -> RewardResult:
+    """Score an answer already taken from the rollout (None: the rollout gave no answer).
+
+    The metrics read `answer` only. `response_text` (the whole response, observations included)
+    is read for the tag-sequence check (`RewardResult.valid_format`, and the format reward) and,
+    when `retrieved_texts` is None, for the retrieval bonus; it is never searched for an answer.
+    `metric`, `format_config` and `retrieved_texts` are as in `compute_reward`.
+    """
     if metric not in METRICS:
         raise ConfigError(f"reward metric must be one of {', '.join(METRICS)}, got {metric!r}")
     gold_list = _gold_list(golds)
-    answer = extract_answer(response_text)
     scores = {
         "em": exact_match(answer, gold_list),
         "f1": f1_score(answer, gold_list),

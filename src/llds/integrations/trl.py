@@ -33,7 +33,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from llds.algo import GATES, LLDS_AGGREGATIONS, action_segments, answer_weight_schedule, llds_loss
 from llds.diagnostics.likelihood import displacement_metrics, likelihood_metrics
-from llds.env.rewards import FormatRewardConfig, compute_reward
+from llds.env.rewards import FormatRewardConfig, compute_reward, score_answer
 from llds.errors import ConfigError, DataFormatError
 from llds.retrieval.base import Retriever
 from llds.rollout import RolloutConfig, RolloutEngine, RolloutRequest
@@ -75,8 +75,10 @@ class LLDSGRPOConfig(GRPOConfig):
 
     llds_coef: float = field(
         default=0.2,
-        metadata={"help": "LLDS coefficient lambda (paper: 0.2; 0.3 for Qwen2.5-7B-Instruct). "
-                  "0 disables the penalty but keeps the LLD metrics."},
+        metadata={
+            "help": "LLDS coefficient lambda (paper: 0.2; 0.3 for Qwen2.5-7B-Instruct). "
+            "0 disables the penalty but keeps the LLD metrics."
+        },
     )
     llds_gate: str = field(
         default="action",
@@ -84,24 +86,32 @@ class LLDSGRPOConfig(GRPOConfig):
     )
     llds_aggregation: str = field(
         default="seq-mean-token-mean",
-        metadata={"help": "'seq-mean-token-mean' (the paper's Eq. 4, per micro-batch) or "
-                  "'token-mean' (the authors' code; normalized like TRL's 'dapo' loss)."},
+        metadata={
+            "help": "'seq-mean-token-mean' (the paper's Eq. 4, per micro-batch) or "
+            "'token-mean' (the authors' code; normalized like TRL's 'dapo' loss)."
+        },
     )
     llds_mask_answer: bool = field(
         default=False,
-        metadata={"help": "LLDS-MA: weight the final <answer> span by llds_answer_weight. Needs a "
-                  "rollout_func that returns 'answer_mask' (search_rollout_func does)."},
+        metadata={
+            "help": "LLDS-MA: weight the final <answer> span by llds_answer_weight. Needs a "
+            "rollout_func that returns 'answer_mask' (search_rollout_func does)."
+        },
     )
     llds_answer_weight: float | None = field(
         default=None,
-        metadata={"help": "LLDS-MA weight beta for answer tokens; None = the paper's schedule "
-                  "min(V / 2, 1), V = mean valid searches per rollout of the generation batch."},
+        metadata={
+            "help": "LLDS-MA weight beta for answer tokens; None = the paper's schedule "
+            "min(V / 2, 1), V = mean valid searches per rollout of the generation batch."
+        },
     )
     llds_correct_threshold: float = field(
         default=0.5,
-        metadata={"help": "A rollout counts as correct in the lld/* metrics when its total reward "
-                  "is >= this (0.5 separates right from wrong for EM and the Search-R1 format "
-                  "reward with its default scores)."},
+        metadata={
+            "help": "A rollout counts as correct in the lld/* metrics when its total reward "
+            "is >= this (0.5 separates right from wrong for EM and the Search-R1 format "
+            "reward with its default scores)."
+        },
     )
     llds_log_lld_metrics: bool = field(
         default=True,
@@ -374,7 +384,9 @@ def search_rollout_func(
     `prompt_ids`, `completion_ids` (model turns and observations, the exact sampled ids),
     `logprobs=None` (TRL recomputes log-probs itself), `env_mask` (1 = model token, 0 =
     observation; TRL multiplies it into its loss mask) and, forwarded to reward functions:
-    `response_text`, `answer_mask`, `num_valid_searches`, `num_turns`, `num_invalid`.
+    `response_text`, `final_answer` (the content of the last turn's answer action, None when the
+    rollout did not end with an answer), `answer_mask`, `num_valid_searches`, `num_turns`,
+    `num_invalid`.
 
     Generation uses the training model through the project's engine (KV cache kept across turns),
     not vLLM. `config` defaults to `RolloutConfig` with TRL's temperature / top_p / top_k.
@@ -430,6 +442,7 @@ def search_rollout_func(
             "env_mask": env_mask,
             "answer_mask": answer_mask,
             "response_text": [e.response_text for e in eps],
+            "final_answer": [e.answer for e in eps],
             "num_valid_searches": [e.num_valid_searches for e in eps],
             "num_turns": [e.num_turns for e in eps],
             "num_invalid": [e.num_invalid for e in eps],
@@ -481,26 +494,43 @@ def search_r1_reward(
     metric: str = "em",
     format_reward: FormatRewardConfig | None = None,
 ) -> Callable[..., list[float]]:
-    """A TRL reward function: the metric of each rollout's last `<answer>` vs the gold answers.
+    """A TRL reward function: the metric of each rollout's final answer vs the gold answers.
 
-    Scores the rollout text returned by `search_rollout_func` (`response_text`; observations are
-    ignored when extracting the answer) or, without it, TRL's decoded completion. Gold answers
-    come from the dataset column `answers_field` (`golden_answers` in FlashRAG data,
-    `reward_model` in Search-R1 parquet files).
+    With `search_rollout_func` the answer is its `final_answer` field, the answer action of the
+    rollout's last turn (None, scoring 0, when the rollout did not end with one), and the
+    format check reads its `response_text`. Without those fields it scores TRL's decoded
+    completion (or a `response_text` field alone) by its last complete `<answer>` span
+    (observations are ignored when extracting it). Gold answers come from the dataset column
+    `answers_field` (`golden_answers` in FlashRAG data, `reward_model` in Search-R1 parquet
+    files).
     """
 
-    def reward(completions: list, response_text: list[str] | None = None, **kwargs: Any):
+    def reward(
+        completions: list,
+        response_text: list[str] | None = None,
+        final_answer: list[str | None] | None = None,
+        **kwargs: Any,
+    ):
         if answers_field not in kwargs:
-            columns = sorted(k for k in kwargs if k not in ("trainer_state", "log_extra",
-                                                             "log_metric"))
+            columns = sorted(
+                k for k in kwargs if k not in ("trainer_state", "log_extra", "log_metric")
+            )
             raise DataFormatError(
                 f"reward: the dataset has no column {answers_field!r} with gold answers "
                 f"(columns: {', '.join(columns)})"
             )
         texts = response_text if response_text is not None else [_text(c) for c in completions]
+        golds = kwargs[answers_field]
+        if final_answer is not None:  # the rollout's own final answer action
+            return [
+                score_answer(
+                    a, gold_answers(g), response_text=t, metric=metric, format_config=format_reward
+                ).reward
+                for a, t, g in zip(final_answer, texts, golds, strict=True)
+            ]
         return [
             compute_reward(t, gold_answers(g), metric=metric, format_config=format_reward).reward
-            for t, g in zip(texts, kwargs[answers_field], strict=True)
+            for t, g in zip(texts, golds, strict=True)
         ]
 
     reward.__name__ = f"search_r1_{metric}"
@@ -520,8 +550,10 @@ def search_r1_rows(
     `chat=True`), `golden_answers` and `id`; wrap with `datasets.Dataset.from_list`."""
     from llds.env.prompts import PromptTemplate
 
-    tmpl = template if isinstance(template, PromptTemplate) else (
-        PromptTemplate.default() if template is None else PromptTemplate(template)
+    tmpl = (
+        template
+        if isinstance(template, PromptTemplate)
+        else (PromptTemplate.default() if template is None else PromptTemplate(template))
     )
     rows = []
     for ex in examples:

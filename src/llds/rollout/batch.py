@@ -36,7 +36,18 @@ class Episode:
     queries: list[str] = field(default_factory=list)
     retrieved_ids: list[list[str]] = field(default_factory=list)
     retrieved_texts: list[str] = field(default_factory=list)
-    stop_reason: str = ""  # answer | eos | turn_limit | context_limit
+    stop_reason: str = ""
+    """why the rollout ended: "answer" (the last turn's action is an answer), "context_limit"
+    (no room left under `rollout.max_total_tokens` after a turn that was not an answer, or after
+    its observation; this wins over "turn_limit") or "turn_limit" (the last allowed turn,
+    `rollout.max_turns + 1`, was not an answer). An end-of-sequence token ends only the turn,
+    never the rollout by itself, so there is no "eos" reason."""
+    context_capped: bool = False
+    """`rollout.max_total_tokens` cut this rollout short: a turn ran out of tokens at a budget
+    smaller than `rollout.max_turn_tokens` because only that much context was left (it had not
+    ended by end-of-sequence or a stop tag), or an observation was truncated to the room left,
+    or the rollout ended with stop_reason "context_limit". A rollout that fits, even exactly
+    (say an answer whose closing tag is the last token that fits), is not capped."""
     metadata: dict[str, Any] = field(default_factory=dict)
     logprobs: list[float] | None = field(default_factory=list)
     """log pi(token) of each response token under the sampling model (0 for observations);

@@ -1,12 +1,18 @@
 """Batched multi-turn rollouts of a Hugging Face causal LM against a search environment.
 
 All live episodes of a chunk decode together. A turn ends per row at the first closing
-`</search>` / `</answer>`, an end-of-sequence token, or the per-turn cap; all searches of the
+`</search>` / `</answer>`, an end-of-sequence token, or its token budget (the per-turn cap, or
+less when the total context cap leaves less room). Whatever ended it, the turn is then parsed
+as an action (Search-R1's rule): an answer ends the rollout; a complete search is executed; a
+turn with no complete search/answer span is an invalid action that gets the corrective message
+as its observation, and the rollout goes on while turns and context remain. All searches of the
 turn go to the retriever in one call; observations are appended as tokens; finished rows drop
 out of the batch. With `kv_reuse` the key/value cache survives across turns, so each turn only
 prefills the new observation tokens instead of the whole context again.
 
-The ids the model sampled are kept verbatim: nothing is decoded and re-tokenized.
+The ids the model sampled are kept verbatim (an end-of-sequence token that ended a turn too):
+nothing is decoded and re-tokenized. The reward and the LLDS-MA answer mask read only the final
+answer action, the answer span of the last turn when that turn is an answer.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from torch import Tensor
 from llds.algo.logprobs import token_log_probs_and_entropy
 from llds.env.actions import parse_action
 from llds.env.observation import information_block, invalid_action_message
-from llds.env.rewards import FormatRewardConfig, compute_reward
+from llds.env.rewards import FormatRewardConfig, final_answer, score_answer
 from llds.errors import ConfigError
 from llds.retrieval.base import Retriever
 from llds.rollout.batch import Episode, RolloutBatch
@@ -167,7 +173,7 @@ class RolloutEngine:
             turn_lp: list[list[float]] = [[] for _ in live]
             turn_ent: list[list[float]] = [[] for _ in live]
             active = [b > 0 for b in budgets]
-            ended_by_eos = [False] * len(live)
+            out_of_budget = [False] * len(live)  # the turn ran into its budget, not ended itself
             while any(active):
                 # sample only rows still in their turn: a stopped row must not consume randomness
                 act = [r for r in range(len(live)) if active[r]]
@@ -204,14 +210,14 @@ class RolloutEngine:
                         feed.append(None)
                         continue
                     turn_ids[row].append(tok)
-                    if tok in self.eos_ids:
-                        ended_by_eos[row] = True
-                        active[row] = False
-                    elif len(turn_ids[row]) >= budgets[row] or (
-                        len(turn_ids[row]) >= cfg.min_turn_tokens
-                        and self.stop.hit_stop_string(turn_ids[row])
+                    n = len(turn_ids[row])
+                    if tok in self.eos_ids or (
+                        n >= cfg.min_turn_tokens and self.stop.hit_stop_string(turn_ids[row])
                     ):
+                        active[row] = False  # the turn ended itself (EOS or a stop tag)
+                    elif n >= budgets[row]:
                         active[row] = False
+                        out_of_budget[row] = True
                     # a row's last token of the turn is not fed now: it leads the next prefill
                     feed.append(tok if active[row] else None)
                 if any(active):
@@ -225,21 +231,25 @@ class RolloutEngine:
             for row, ep_index in enumerate(live):
                 ep = eps[ep_index]
                 ids = turn_ids[row]
+                if not ids:  # no room was left for this turn (budget 0): it never happened
+                    ep.stop_reason = "context_limit"
+                    ep.context_capped = True
+                    continue
                 ep.append(ids, action=True, logprobs=turn_lp[row], entropies=turn_ent[row])
                 text = self.tokenizer.decode(ids, skip_special_tokens=False)
                 ep.action_texts.append(text)
                 ep.num_turns += 1
+                if out_of_budget[row] and budgets[row] < cfg.max_turn_tokens:
+                    ep.context_capped = True  # cut by the total cap, not the per-turn cap
                 room = cfg.max_total_tokens - len(ep.prompt_ids) - len(ep.response_ids)
-                if ended_by_eos[row]:
-                    action = parse_action(text)
-                    ep.stop_reason = "answer" if action.kind == "answer" else "eos"
-                    continue
+                # parsed whatever ended the turn (stop tag, EOS, budget): Search-R1's rule
                 action = parse_action(text)
                 if action.kind == "answer":
                     ep.stop_reason = "answer"
                     continue
-                if final_turn or room <= 0 or not ids:
+                if final_turn or room <= 0:
                     ep.stop_reason = "context_limit" if room <= 0 else "turn_limit"
+                    ep.context_capped = ep.context_capped or room <= 0
                     continue
                 keep.append(row)
                 if action.kind == "search":
@@ -295,22 +305,27 @@ class RolloutEngine:
         return self._forward([[] if f is None else [f] for f in feed], cache, cache_mask)
 
     def _observation(self, ep: Episode, text: str, room: int) -> list[int]:
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"][: max(room, 0)]
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(ids) > room:  # truncated by the total context cap
+            ids = ids[: max(room, 0)]
+            ep.context_capped = True
         ep.append(ids, action=False)
         return ids
 
     def _finish(self, ep: Episode) -> None:
         ep.response_text = self.tokenizer.decode(ep.response_ids, skip_special_tokens=False)
-        # the tag-sequence check of the format reward needs the observations too
-        with_format = self.format_reward is not None and self.format_reward.enabled
-        result = compute_reward(
-            ep.response_text if with_format else "".join(ep.action_texts),
+        # only the final answer action counts: the answer span of the last turn, when that turn
+        # is an answer; an <answer> stitched across turns and observations is no answer
+        answer = final_answer(ep.action_texts) if ep.stop_reason == "answer" else None
+        # the tag-sequence check (valid_format, format reward) reads the observations too
+        result = score_answer(
+            answer,
             ep.golds,
+            response_text=ep.response_text,
             format_config=self.format_reward,
             retrieved_texts=ep.retrieved_texts,
         )
         ep.answer = result.answer
         ep.reward, ep.em, ep.f1, ep.sub_em = result.reward, result.em, result.f1, result.sub_em
         ep.valid_format = result.valid_format
-        if ep.stop_reason == "answer":
-            mark_answer_span(ep, self.tokenizer)
+        mark_answer_span(ep, self.tokenizer)  # a no-op unless stop_reason == "answer"

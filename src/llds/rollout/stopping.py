@@ -1,5 +1,8 @@
 """Where a turn ends: the first closing search/answer tag, an end-of-sequence token, or a cap.
 
+Each ends the turn only; the rollout engine then parses the turn as an action (an end-of-sequence
+token does not end the rollout by itself).
+
 The engine keeps the sampled token ids; it only decodes a short tail of each row to look for
 stop strings, so a tag split across several tokens (as in large BPE vocabularies) is found too.
 """
@@ -14,7 +17,7 @@ TAIL_TOKENS = 16
 
 
 def eos_token_ids(model, tokenizer) -> set[int]:
-    """Every id that ends generation: the tokenizer's EOS and the generation config's."""
+    """Every id that ends a turn: the tokenizer's EOS and the generation config's."""
     ids: set[int] = set()
     for source in (
         getattr(getattr(model, "generation_config", None), "eos_token_id", None),

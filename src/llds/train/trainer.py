@@ -630,9 +630,7 @@ class GRPOTrainer:
             "rollout/response_tokens": float(batch.loss_mask.sum()) / n,
             "rollout/answered_frac": stops["answer"] / n,
             # a count over the global batch (every rank logs the same sum)
-            "rollout/context_capped": float(
-                self.dist.sum(sum(getattr(e, "context_capped", False) for e in eps))
-            ),
+            "rollout/context_capped": float(self.dist.sum(sum(e.context_capped for e in eps))),
             "rollout/valid_format_frac": sum(e.valid_format for e in eps) / n,
             "groups/mixed_frac": mixed / max(1, len(groups)),
             "groups/all_correct_frac": all_right / max(1, len(groups)),
