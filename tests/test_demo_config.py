@@ -40,8 +40,12 @@ def test_shipped_presets_validate():
     assert authors.algo.llds.first_update == "computed"
     assert authors.algo.entropy_coef == 0.001
     assert authors.warmup_steps == round(0.285 * authors.steps)
-    for preset in (paper, authors):  # bf16 compute on float32 master weights
+    big = load_config(root / "search-r1-qwen2.5-7b.yaml")
+    assert big.fsdp.enabled and big.algo.llds.coef == 0.3 and "7B" in big.model.path
+    assert not paper.fsdp.enabled
+    for preset in (paper, authors, big):  # bf16 compute on float32 master weights
         assert preset.model.dtype == "bfloat16"
+        assert (preset.optim.mini_batches, preset.optim.epochs) == (10, 1)
 
 
 def test_warm_start_trains_on_the_world_and_its_relabeled_copies(tmp_path):

@@ -81,3 +81,68 @@ def test_two_processes_equal_one(tmp_path, small_world, world_tokenizer):
         "optim/update_ratio",
     ):
         assert m2[key] == pytest.approx(m1[key], rel=1e-5, abs=1e-7), key
+
+
+def _torchrun(*args: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        *args,
+    ]
+
+
+@pytest.mark.slow
+def test_fsdp_trainer_equals_one_process_and_resumes(tmp_path, small_world, world_tokenizer):
+    """`fsdp.enabled=true` on 2 processes: the same parameters after a step as 1 unsharded
+    process, a checkpoint with per-rank shards plus the full float32 weights, and a resume from
+    those shards that reproduces the uninterrupted sharded run."""
+    cfg = write_run_inputs(
+        tmp_path,
+        small_world,
+        world_tokenizer,
+        steps=2,
+        save_every=1,
+        seed=5,
+        prompts_per_step=4,
+        algo={"kl_coef": 0.01, "entropy_coef": 0.05, "llds": {"coef": 1e-9}},
+        optim={"lr": 0.05, "eps": 1.0, "mini_batches": 2},
+    )
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    train = ["-m", "llds.cli", "train", "--config", str(cfg)]
+
+    def run(cmd: list[str]) -> None:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+
+    run([sys.executable, *train, f"run_dir={tmp_path / 'one'}"])
+    run(_torchrun(*train, f"run_dir={tmp_path / 'fsdp'}", "fsdp.enabled=true"))
+    # the same run stopped after step 1, then resumed from the sharded checkpoint
+    run(_torchrun(*train, f"run_dir={tmp_path / 'resumed'}", "fsdp.enabled=true", "steps=1"))
+    run(_torchrun(*train, f"run_dir={tmp_path / 'resumed'}", "fsdp.enabled=true"))
+
+    step1 = tmp_path / "fsdp" / "checkpoints" / "step_000001"
+    assert (step1 / "sharded" / ".metadata").is_file()
+    assert len(list((step1 / "sharded").glob("*.distcp"))) == 2  # one shard file per rank
+    one1 = load_file(tmp_path / "one/checkpoints/step_000001/model/model.safetensors")
+    fsdp1 = load_file(step1 / "model" / "model.safetensors")
+    init = load_file(tmp_path / "model" / "model.safetensors")
+    assert all(t.dtype == torch.float32 for t in fsdp1.values())
+    moved = max((one1[k] - init[k]).abs().max().item() for k in one1)
+    assert moved > 1e-4
+    for k in one1:
+        assert torch.allclose(one1[k], fsdp1[k], atol=1e-6), k
+    final = "checkpoints/step_000002/model/model.safetensors"
+    straight, resumed = (
+        load_file(tmp_path / "fsdp" / final),
+        load_file(tmp_path / "resumed" / final),
+    )
+    for k in straight:
+        assert torch.equal(straight[k], resumed[k]), k
+    m_one, m_fsdp = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "fsdp")
+    assert [r["step"] for r in read_metrics(tmp_path / "resumed")] == [1, 2]
+    for key in ("reward/mean", "policy/grad_norm", "optim/update_ratio"):
+        assert m_fsdp[0][key] == pytest.approx(m_one[0][key], rel=1e-4), key

@@ -39,6 +39,57 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def stage_checkpoint(ckpt_root: Path, step: int) -> Path:
+    """A fresh, empty temporary directory for step `step`'s checkpoint (the same name on every
+    rank, so that all ranks of a sharded run can write into it)."""
+    ckpt_root.mkdir(parents=True, exist_ok=True)
+    tmp = ckpt_root / f".tmp_step_{step:06d}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    return tmp
+
+
+def write_checkpoint_files(
+    tmp: Path,
+    *,
+    model,
+    tokenizer,
+    optimizer: torch.optim.Optimizer | None,
+    scheduler,
+    trainer_state: dict[str, Any],
+    grad_scaler: torch.amp.GradScaler | None = None,
+    state_dict: dict[str, torch.Tensor] | None = None,
+) -> None:
+    """The HF model directory (float32 master weights; `state_dict` when the live model is
+    sharded), the optimizer/scheduler/RNG blobs and the trainer state, into `tmp`.
+    `optimizer=None` when it is saved elsewhere (a sharded run's `sharded/` directory)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # one progress line per checkpoint is noise in the run log
+    model.save_pretrained(tmp / "model", safe_serialization=True, state_dict=state_dict)
+    tokenizer.save_pretrained(tmp / "model")
+    blobs: dict[str, Any] = {"scheduler": scheduler.state_dict(), "rng": rng_state()}
+    if optimizer is not None:
+        blobs["optimizer"] = optimizer.state_dict()
+    if grad_scaler is not None:
+        blobs["grad_scaler"] = grad_scaler.state_dict()
+    torch.save(blobs, tmp / "optim.pt")
+    (tmp / "trainer_state.json").write_text(json.dumps(trainer_state, indent=2), encoding="utf-8")
+
+
+def publish_checkpoint(ckpt_root: Path, step: int, tmp: Path, keep: int = 2) -> Path:
+    """Rename a complete `tmp` into place, point `latest` at it, prune old ones."""
+    final = ckpt_root / f"step_{step:06d}"
+    if final.exists():
+        shutil.rmtree(final)
+    tmp.rename(final)
+    with atomic_write(ckpt_root / LATEST, "w", encoding="utf-8") as f:
+        f.write(final.name + "\n")
+    _prune(ckpt_root, keep, protect=final.name)
+    return final
+
+
 def save_checkpoint(
     ckpt_root: Path,
     step: int,
@@ -51,34 +102,18 @@ def save_checkpoint(
     keep: int = 2,
     grad_scaler: torch.amp.GradScaler | None = None,
 ) -> Path:
-    """Write `ckpt_root/step_XXXXXX` atomically, point `latest` at it, prune old ones."""
-    ckpt_root.mkdir(parents=True, exist_ok=True)
-    final = ckpt_root / f"step_{step:06d}"
-    tmp = ckpt_root / f".tmp_step_{step:06d}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # one progress line per checkpoint is noise in the run log
-    model.save_pretrained(tmp / "model", safe_serialization=True)
-    tokenizer.save_pretrained(tmp / "model")
-    blobs: dict[str, Any] = {
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(),
-        "rng": rng_state(),
-    }
-    if grad_scaler is not None:
-        blobs["grad_scaler"] = grad_scaler.state_dict()
-    torch.save(blobs, tmp / "optim.pt")
-    (tmp / "trainer_state.json").write_text(json.dumps(trainer_state, indent=2), encoding="utf-8")
-    if final.exists():
-        shutil.rmtree(final)
-    tmp.rename(final)
-    with atomic_write(ckpt_root / LATEST, "w", encoding="utf-8") as f:
-        f.write(final.name + "\n")
-    _prune(ckpt_root, keep, protect=final.name)
-    return final
+    """Write `ckpt_root/step_XXXXXX` atomically (single process, unsharded model)."""
+    tmp = stage_checkpoint(ckpt_root, step)
+    write_checkpoint_files(
+        tmp,
+        model=model,
+        tokenizer=tokenizer,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        trainer_state=trainer_state,
+        grad_scaler=grad_scaler,
+    )
+    return publish_checkpoint(ckpt_root, step, tmp, keep)
 
 
 def _prune(ckpt_root: Path, keep: int, protect: str) -> None:

@@ -129,6 +129,21 @@ class DiagnosticsConfig:
 
 
 @dataclass
+class FSDPConfig:
+    """Fully sharded data parallel (torch FSDP2) for policies that do not fit one device.
+
+    The float32 master weights, gradients and optimizer state are sharded over the processes;
+    compute runs in `model.dtype`. Rollouts, pi_old, the reference and the diagnostics' passes
+    run on unsharded copies in the compute dtype, refreshed from the shards after every step.
+    Needs a multi-process launch (torchrun / accelerate launch)."""
+
+    enabled: bool = False
+    reshard_after_forward: bool = True
+    """free each block's gathered weights after its forward (less memory, one more all-gather
+    in the backward)"""
+
+
+@dataclass
 class TrainConfig:
     run_dir: str = "runs/default"
     seed: int = 0
@@ -148,6 +163,7 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
+    fsdp: FSDPConfig = field(default_factory=FSDPConfig)
 
     def validate(self) -> None:
         """Cross-field checks the types alone cannot express."""
@@ -194,6 +210,8 @@ class TrainConfig:
                     "optim.mini_batches",
                     f"diagnostics.on_alarm=rollback turns LLDS on after a rollback: {why}",
                 )
+        if self.fsdp.enabled and self.model.dtype == "float16":
+            raise bad("fsdp.enabled", "FSDP runs bf16 or float32 compute; use model.dtype=bfloat16")
         w = self.optim.warmup_ratio
         if w is not None:
             if not 0 <= w < 1:

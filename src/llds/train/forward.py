@@ -17,19 +17,23 @@ def response_log_probs(
     *,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    share_prompts: bool = True,
 ) -> tuple[Tensor, Tensor | None]:
     """`log pi(y_t | context)` for every response column, `[B, R]` float32.
 
     Only the response columns go through the LM head (`logits_to_keep`): prompts are often
     longer than responses and their logits are never used. Rows with the same prompt (a GRPO
-    group) run that prompt once: see `_shared_prompt_logits`.
+    group) run that prompt once (see `_shared_prompt_logits`) unless `share_prompts=False`: a
+    sharded model needs exactly one model call per micro-batch on every rank, and the shared
+    path makes one or two depending on the data.
     """
     r, p = batch.response_len, batch.prompt_len
     device = next(model.parameters()).device
     ids = batch.input_ids.to(device)
     mask = batch.attention_mask.to(device)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    logits = _shared_prompt_logits(model, ids, mask, positions, p) if r > 1 else None
+    shared = share_prompts and r > 1
+    logits = _shared_prompt_logits(model, ids, mask, positions, p) if shared else None
     if logits is None:
         out = model(
             input_ids=ids,

@@ -41,11 +41,15 @@ from llds.env.prompts import PromptTemplate, build_prompt_ids
 from llds.env.rewards import FormatRewardConfig
 from llds.errors import ConfigError, UserInputError
 from llds.rollout import RolloutBatch, RolloutEngine, RolloutRequest
+from llds.train import fsdp
 from llds.train.checkpoint import (
     latest_checkpoint,
     load_training_state,
+    publish_checkpoint,
     save_checkpoint,
     set_rng_state,
+    stage_checkpoint,
+    write_checkpoint_files,
 )
 from llds.train.config import TrainConfig
 from llds.train.configio import to_dict
@@ -57,6 +61,9 @@ from llds.train.setup import PromptStream, frozen_copy, load_model
 from llds.train.tracking import MetricsLogger, read_metrics
 
 log = logging.getLogger("llds.train")
+
+
+SHARDED = "sharded"  # a checkpoint's FSDP shards of the weights and the optimizer state
 
 
 class NonFiniteError(RuntimeError):
@@ -124,6 +131,21 @@ class GRPOTrainer:
             model.to(device_type if not self.dist.enabled else self.dist.device)
         self.model, self.tokenizer = model, tokenizer
         self.scaler = self.precision.grad_scaler()
+        # the model that samples, scores pi_old and is evaluated: the policy itself, or under
+        # FSDP an unsharded copy in the compute dtype, refreshed from the shards every step
+        self.rollout_model = self.model
+        self.sharded = cfg.fsdp.enabled
+        if self.sharded:
+            if not self.dist.enabled:
+                raise ConfigError(
+                    "fsdp.enabled: needs a multi-process launch (torchrun or accelerate launch)"
+                )
+            self.rollout_model = frozen_copy(self.model, self.precision.compute_dtype)
+            fsdp.shard_policy(
+                self.model,
+                compute_dtype=self.precision.compute_dtype,
+                reshard_after_forward=cfg.fsdp.reshard_after_forward,
+            )
         self.model.train()
 
         if retriever is None and cfg.rollout.max_turns > 0:  # single-turn runs never search
@@ -146,7 +168,9 @@ class GRPOTrainer:
         fmt = FormatRewardConfig(enabled=True) if cfg.algo.format_reward else None
         rollout_cfg = cfg.rollout
         rollout_cfg.topk = cfg.retriever.topk
-        self.engine = RolloutEngine(model, tokenizer, retriever, rollout_cfg, format_reward=fmt)
+        self.engine = RolloutEngine(
+            self.rollout_model, tokenizer, retriever, rollout_cfg, format_reward=fmt
+        )
         self.evaluator = self._periodic_evaluator(eval_examples)
 
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -166,7 +190,10 @@ class GRPOTrainer:
         self.skipped_updates = 0
         if ckpt is not None:
             state, blobs = load_training_state(ckpt)
-            self.optimizer.load_state_dict(blobs["optimizer"])
+            if self.sharded:  # the weights were loaded above; this restores the Adam state
+                fsdp.load_sharded(ckpt / SHARDED, self.model, self.optimizer)
+            else:
+                self.optimizer.load_state_dict(blobs["optimizer"])
             self.scheduler.load_state_dict(blobs["scheduler"])
             if self.scaler is not None and "grad_scaler" in blobs:
                 self.scaler.load_state_dict(blobs["grad_scaler"])
@@ -259,10 +286,10 @@ class GRPOTrainer:
         if from_rollout:
             old_logp, entropy = batch.rollout_logprobs, batch.rollout_entropy
         else:
-            self.model.eval()
+            self.rollout_model.eval()
             with self.precision.autocast():
                 old_logp, entropy = batched_log_probs(
-                    self.model, batch, budget, temperature=temp, with_entropy=True
+                    self.rollout_model, batch, budget, temperature=temp, with_entropy=True
                 )
         t_old = time.perf_counter() - t1
         ref_logp = None
@@ -278,6 +305,8 @@ class GRPOTrainer:
         # mini-batches are drawn from the global batch as a single process would draw them
         global_rows = [j * g + i for j in self.dist.shard(len(examples)) for i in range(g)]
         update_stats = self._update(batch, adv, old_logp, ref_logp, k, global_rows)
+        if self.sharded:
+            fsdp.sync_unsharded_copy(self.model, self.rollout_model)
         t_update = time.perf_counter() - t3
         self.scheduler.step()
 
@@ -310,7 +339,7 @@ class GRPOTrainer:
             metrics["phase"] = self.monitor.label.phase if self.monitor.label else "warmup"
         if self.evaluator is not None and is_due(self.step, cfg.eval_every, cfg.steps):
             with self.precision.autocast():
-                metrics.update(self.evaluator(self.model, self.step))
+                metrics.update(self.evaluator(self.rollout_model, self.step))
         if self.logger is not None:
             self.logger.log(self.step, metrics)
         if self.step % cfg.save_every == 0 or self.step == cfg.steps:
@@ -384,11 +413,15 @@ class GRPOTrainer:
             self.logger.close()
             abandoned = self.run_dir / f"metrics.rollback{self.rollbacks + 1}.jsonl"
             abandoned.write_text((self.run_dir / "metrics.jsonl").read_text(encoding="utf-8"))
-        model, _ = load_model(self.cfg.model, path=str(target / "model"), dtype="float32")
-        self.model.load_state_dict(model.state_dict())
-        del model
         state, blobs = load_training_state(target)
-        self.optimizer.load_state_dict(blobs["optimizer"])
+        if self.sharded:
+            fsdp.load_sharded(target / SHARDED, self.model, self.optimizer)
+            fsdp.sync_unsharded_copy(self.model, self.rollout_model)
+        else:
+            model, _ = load_model(self.cfg.model, path=str(target / "model"), dtype="float32")
+            self.model.load_state_dict(model.state_dict())
+            del model
+            self.optimizer.load_state_dict(blobs["optimizer"])
         self.scheduler.load_state_dict(blobs["scheduler"])
         if self.scaler is not None and "grad_scaler" in blobs:
             self.scaler.load_state_dict(blobs["grad_scaler"])
@@ -455,7 +488,7 @@ class GRPOTrainer:
         use_llds = lc.enabled and lc.coef > 0
         beta = self._answer_weight(batch) if (use_llds and lc.mask_answer) else 1.0
         params = [p for p in self.model.parameters() if p.requires_grad]
-        start = [p.detach().clone() for p in params] if cfg.diagnostics.update_ratio else None
+        start = [_local(p).clone() for p in params] if cfg.diagnostics.update_ratio else None
         local_of = {gid: local for local, gid in enumerate(global_rows)}
         n_global = cfg.prompts_per_step * cfg.rollout.group_size
         gen = torch.Generator().manual_seed(cfg.seed * 7_919 + k)
@@ -483,7 +516,11 @@ class GRPOTrainer:
                     self.dist.sum(preserving_mask(adv[mb], lm).any(-1).sum()).float().clamp(min=1)
                 )
                 self.optimizer.zero_grad(set_to_none=True)
-                for micro in plan_micro_batches(batch, mb, cfg.optim.micro_batch_tokens):
+                plan = plan_micro_batches(batch, mb, cfg.optim.micro_batch_tokens)
+                if self.sharded:  # every rank must make as many forward/backward calls
+                    for _ in range(fsdp.max_over_ranks(len(plan)) - len(plan)):
+                        self._zero_weight_backward(batch, plan[0] if plan else [0])
+                for micro in plan:
                     sub = batch.select(micro)
                     w = sub.response_len
                     need_ent = algo.entropy_coef > 0
@@ -493,6 +530,7 @@ class GRPOTrainer:
                             sub,
                             temperature=cfg.rollout.temperature,
                             with_entropy=need_ent,
+                            share_prompts=not self.sharded,
                         )
                     mask = sub.loss_mask.to(lp.device)
                     old = old_logp[micro, :w].to(lp.device)
@@ -557,10 +595,13 @@ class GRPOTrainer:
                             for key in ("gate_frac", "penalized_token_frac", "mean_penalty"):
                                 acc[f"llds/{key}"] += float(lst[key]) * share
                     (loss if self.scaler is None else self.scaler.scale(loss)).backward()
-                self.dist.sum_grads(params)
-                if self.scaler is not None:
-                    self.scaler.unscale_(self.optimizer)
-                norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip)
+                if self.sharded:  # FSDP has already summed the gradients into each shard
+                    norm = fsdp.clip_grad_norm(params, cfg.optim.grad_clip)
+                else:
+                    self.dist.sum_grads(params)
+                    if self.scaler is not None:
+                        self.scaler.unscale_(self.optimizer)
+                    norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip)
                 if not torch.isfinite(norm):
                     self.optimizer.zero_grad(set_to_none=True)
                     if self.scaler is not None:  # float16 overflow: lower the loss scale, go on
@@ -602,7 +643,9 @@ class GRPOTrainer:
         out["optim/updates"] = n_updates
         out["optim/skipped_total"] = self.skipped_updates
         if start is not None:
-            moved, size = update_ratio(start, [p.detach() for p in params])
+            moved, size = update_ratio(start, [_local(p) for p in params])
+            if self.sharded:  # each rank holds a shard: sum both parts over ranks
+                moved, size = float(self.dist.sum(moved)), float(self.dist.sum(size))
             out["optim/update_ratio"] = math.sqrt(moved / size) if size > 0 else 0.0
         if use_llds:
             out["llds/answer_weight"] = beta
@@ -660,10 +703,10 @@ class GRPOTrainer:
         else:
             rows = list(range(b))
         sub = batch.select(rows)
-        self.model.eval()
+        self.rollout_model.eval()  # after the update: under FSDP the refreshed copy
         with self.precision.autocast():
             new_logp, _ = batched_log_probs(
-                self.model,
+                self.rollout_model,
                 sub,
                 self.cfg.optim.micro_batch_tokens,
                 temperature=self.cfg.rollout.temperature,
@@ -675,28 +718,65 @@ class GRPOTrainer:
             old_logp[rows, :w], new_logp, sub.loss_mask, sub.action_index, correct
         )
 
+    def _zero_weight_backward(self, batch: RolloutBatch, rows: list[int]) -> None:
+        """A forward/backward that adds nothing to the gradient: under FSDP every rank must take
+        part in as many collective passes as the rank with the most micro-batches."""
+        with self.precision.autocast():
+            lp, _ = response_log_probs(
+                self.model,
+                batch.select(rows),
+                temperature=self.cfg.rollout.temperature,
+                share_prompts=False,
+            )
+        (lp.sum() * 0.0).backward()
+
     def save(self) -> Path | None:
-        """Rank 0 writes the checkpoint; every rank waits for it to be complete."""
-        if not self.dist.is_main:
-            self.dist.barrier()
-            return None
+        """Write the checkpoint atomically; every rank waits until it is complete.
+
+        Unsharded: rank 0 writes it. Under FSDP every rank writes its shard of the weights and
+        the optimizer state into `sharded/`, and rank 0 adds the full float32 weights as an HF
+        model directory (`model/`, what `llds eval` loads) and the rest."""
         state = {
             "step": self.step,
             "nonfinite_in_a_row": self.nonfinite_in_a_row,
             "skipped_updates": self.skipped_updates,
             "config": to_dict(self.cfg),
         }
-        path = save_checkpoint(
-            self.ckpt_root,
-            self.step,
-            model=self.model,
-            tokenizer=self.tokenizer,
-            optimizer=self.optimizer,
-            scheduler=self.scheduler,
-            grad_scaler=self.scaler,
-            trainer_state=state,
-            keep=self.cfg.keep_checkpoints,
-        )
+        if not self.sharded:
+            if not self.dist.is_main:
+                self.dist.barrier()
+                return None
+            path = save_checkpoint(
+                self.ckpt_root,
+                self.step,
+                model=self.model,
+                tokenizer=self.tokenizer,
+                optimizer=self.optimizer,
+                scheduler=self.scheduler,
+                grad_scaler=self.scaler,
+                trainer_state=state,
+                keep=self.cfg.keep_checkpoints,
+            )
+            self.dist.barrier()
+            return path
+        tmp = self.ckpt_root / f".tmp_step_{self.step:06d}"
+        if self.dist.is_main:
+            stage_checkpoint(self.ckpt_root, self.step)
+        self.dist.barrier()
+        fsdp.save_sharded(tmp / SHARDED, self.model, self.optimizer)
+        full = fsdp.full_state_dict(self.model)  # rank 0 gets the tensors, the others {}
+        path = None
+        if self.dist.is_main:
+            write_checkpoint_files(
+                tmp,
+                model=self.model,  # float32 parameters: config.json records float32
+                tokenizer=self.tokenizer,
+                optimizer=None,
+                scheduler=self.scheduler,
+                trainer_state=state,
+                state_dict=full,
+            )
+            path = publish_checkpoint(self.ckpt_root, self.step, tmp, self.cfg.keep_checkpoints)
         self.dist.barrier()
         return path
 
@@ -704,6 +784,12 @@ class GRPOTrainer:
 def rollout_seed(seed: int, step: int, row: int) -> int:
     """A distinct 62-bit sampling seed per (run seed, step, global rollout index)."""
     return ((seed * 1_000_003 + step) * 1_000_033 + row) % (1 << 62)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A parameter's local data: the shard of a sharded (DTensor) parameter, else itself."""
+    t = t.detach()
+    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def _to_float32(model) -> None:
