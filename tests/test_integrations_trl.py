@@ -321,10 +321,11 @@ def test_two_step_run_with_search_rollout_func(
     action_tokens = [sum(m) for m in env_mask]
     assert logs[0]["completions/mean_length"] == pytest.approx(sum(action_tokens) / 8)
     for h in logs:
-        assert h["llds/active"] == 1.0  # old log-probs exist: LLDS can act
         assert "llds/gate_frac" in h and "lld/logp_first_action" in h
-    # step 1 runs on pi_old itself (d = 0); step 2 on the same rollouts after one update: LLDS acts
-    assert logs[0]["llds/value"] == pytest.approx(0.0, abs=1e-5)
+    # step 1 runs on pi_old itself: d is at most rounding noise, and LLDS is exactly 0 there
+    # (llds_first_update="zero"); step 2 on the same rollouts after one update: LLDS acts
+    assert [h["llds/active"] for h in logs] == [0.0, 1.0]
+    assert logs[0]["llds/value"] == 0.0 and logs[0]["llds/gate_frac"] == 0.0
     assert logs[1]["llds/value"] > 1e-3
     assert logs[1]["lld/disp_incorrect"] is not None  # displacement is measured once pi moved
     after = list(model.parameters())

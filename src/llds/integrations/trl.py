@@ -54,6 +54,7 @@ REWARD_KEY = "llds_reward"
 SEARCHES_KEY = "llds_num_searches"
 ANSWER_MASK_KEY = "llds_answer_mask"
 ANSWER_WEIGHT_KEY = "llds_answer_weight"
+GENERATED_AT_KEY = "llds_generated_at_step"  # optimizer steps taken when pi_old was computed
 
 
 def llds_can_act(
@@ -105,6 +106,14 @@ class LLDSGRPOConfig(GRPOConfig):
             "min(V / 2, 1), V = mean valid searches per rollout of the generation batch."
         },
     )
+    llds_first_update: str = field(
+        default="zero",
+        metadata={
+            "help": "LLDS on a generation batch's first optimizer step, where the policy has not "
+            "moved since TRL computed old_per_token_logps and d is rounding noise: 'zero' (LLDS "
+            "is exactly 0 there) or 'computed' (evaluate it on the noise, as the authors' code)."
+        },
+    )
     llds_correct_threshold: float = field(
         default=0.5,
         metadata={
@@ -122,6 +131,10 @@ class LLDSGRPOConfig(GRPOConfig):
         super().__post_init__()
         if self.llds_coef < 0:
             raise ConfigError(f"llds_coef must be >= 0, got {self.llds_coef}")
+        if self.llds_first_update not in ("zero", "computed"):
+            raise ConfigError(
+                f"llds_first_update must be 'zero' or 'computed', got {self.llds_first_update!r}"
+            )
         if self.llds_gate not in GATES:
             raise ConfigError(f"llds_gate must be one of {GATES}, got {self.llds_gate!r}")
         if self.llds_aggregation not in LLDS_AGGREGATIONS:
@@ -147,16 +160,17 @@ def trl_llds_loss(
     args: LLDSGRPOConfig,
     *,
     num_tokens: float | Tensor | None = None,
+    moved: bool = True,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """`llds_loss` on the tensors of one TRL micro-batch.
 
     `per_token_logps` is `[B, C]` log pi_theta of the completion tokens (with gradient) as TRL's
-    `_compute_loss` computes it; pi_old is TRL's `old_per_token_logps` when present, else the
-    detached current values (then d = 0: LLDS cannot act on this batch).
+    `_compute_loss` computes it; pi_old is TRL's `old_per_token_logps` when present and the policy
+    has `moved` since, else the detached current values (then d = 0 exactly: LLDS is 0).
     """
     mask = loss_mask_from_inputs(inputs)
     old = inputs.get("old_per_token_logps")
-    if old is None:
+    if old is None or not moved:
         old = per_token_logps.detach()
     answer_mask, answer_weight = None, 1.0
     if args.llds_mask_answer and inputs.get(ANSWER_MASK_KEY) is not None:
@@ -226,6 +240,10 @@ class LLDSGRPOTrainer(GRPOTrainer):
         out = super()._generate_and_score_completions(inputs)
         b, width = out["completion_ids"].shape
         device = out["completion_ids"].device
+        # per row, so that TRL's shuffling and splitting of the batch carries it along
+        out[GENERATED_AT_KEY] = torch.full(
+            (b,), self.state.global_step, dtype=torch.long, device=device
+        )
         if self._llds_rewards is not None:
             per_func = self._llds_rewards.to(device)
             total = (per_func * self.reward_weights.to(device).unsqueeze(0)).nansum(dim=1)
@@ -269,20 +287,28 @@ class LLDSGRPOTrainer(GRPOTrainer):
         self._log_llds(mode, term, stats, per_token_logps, inputs)
         return loss + term
 
+    def _policy_moved(self, inputs: Mapping[str, Any]) -> bool:
+        """Whether an optimizer step was taken since this batch's pi_old was computed (when
+        unknown, as for inputs built by hand, assume it was)."""
+        if self.args.llds_first_update == "computed" or inputs.get(GENERATED_AT_KEY) is None:
+            return True
+        return self.state.global_step > int(inputs[GENERATED_AT_KEY].reshape(-1)[0])
+
     def _llds_term(
         self, per_token_logps: Tensor, inputs: Mapping[str, Any], mode: str
     ) -> tuple[Tensor, dict[str, Tensor]]:
         """The LLDS term scaled for gradient accumulation the way TRL scales its own losses."""
         a = self.args
+        moved = self._policy_moved(inputs)
         accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1
         if a.llds_aggregation == "token-mean":
             # Same normalizer as TRL's 'dapo' loss: model tokens of one accumulation window.
             tokens = inputs["num_items_in_batch"] / self.accelerator.num_processes
             if mode == "train":
                 tokens = tokens * accumulation / a.steps_per_generation
-            term, stats = trl_llds_loss(per_token_logps, inputs, a, num_tokens=tokens)
+            term, stats = trl_llds_loss(per_token_logps, inputs, a, num_tokens=tokens, moved=moved)
             return term, stats
-        term, stats = trl_llds_loss(per_token_logps, inputs, a)
+        term, stats = trl_llds_loss(per_token_logps, inputs, a, moved=moved)
         return term / accumulation, stats
 
     def _log_llds(
@@ -294,10 +320,10 @@ class LLDSGRPOTrainer(GRPOTrainer):
         inputs: Mapping[str, Any],
     ) -> None:
         metrics = self._metrics[mode]
-        has_old = inputs.get("old_per_token_logps") is not None
+        acts = inputs.get("old_per_token_logps") is not None and self._policy_moved(inputs)
         local = {f"llds/{k}": v.detach().float() for k, v in stats.items()}
         local["llds/loss"] = (self.args.llds_coef * stats["value"]).detach().float()
-        local["llds/active"] = torch.tensor(float(has_old), device=per_token_logps.device)
+        local["llds/active"] = torch.tensor(float(acts), device=per_token_logps.device)
         for name in sorted(local):  # same order on every rank: gather is collective
             gathered = self.accelerator.gather(local[name].reshape(1).to(per_token_logps.device))
             metrics[name].append(gathered.nanmean().item())
