@@ -8,7 +8,7 @@ preserving actions whose gate opens at that step (`llds/first_step_gate_frac`) w
 `zero` (the default) LLDS is exactly 0 there (value and gradient: see
 tests/test_train_llds_first_step.py).
 
-Runs `configs/organism.yaml` from the demo's warm start for each compute dtype (float32,
+Runs the `organism` preset from the demo's warm start for each compute dtype (float32,
 bfloat16) x source of pi_old (a recomputed forward pass, or the rollout's sampling logits) x
 first_update (computed, zero), a few steps each, one process, 1 thread, and prints a table of
 the gate share over steps (median, max) and the share of first-step gates that acted.
@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def run_arm(demo: Path, out: Path, steps: int, dtype: str, old: str, first: str) -> list[float]:
     """First-step gate shares, one per step, of one short organism run."""
     cfg = load_config(
-        ROOT / "configs" / "organism.yaml",
+        "organism",
         [
             f"run_dir={out / f'{dtype}-{old}-{first}'}",
             f"model.path={demo / 'sft' / 'model'}",
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "noise.json").write_text(json.dumps(results, indent=2))
-    print(f"machine: {machine()}; {args.steps} steps per arm, configs/organism.yaml\n")
+    print(f"machine: {machine()}; {args.steps} steps per arm, preset organism\n")
     print(
         "| compute dtype | pi_old | first_update | gates open on noise: median (max) | "
         "gates that acted on noise (median) |"

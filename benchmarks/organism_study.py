@@ -1,10 +1,10 @@
 """The organism study: GRPO(+LLDS) from the demo's warm start, several seeds, same budget.
 
 Arms (each run for every seed, from the same warm start, held-out EM every 50 steps):
-  organism/GRPO+LLDS   configs/organism.yaml   (lr 2e-4)
-  organism/GRPO        configs/organism.yaml with algo.llds.enabled=false
-  collapse/GRPO        configs/collapse.yaml with algo.llds.enabled=false   (lr 5e-4)
-  collapse/GRPO+LLDS   configs/collapse.yaml   (lr 5e-4)
+  organism/GRPO+LLDS   organism   (lr 2e-4)
+  organism/GRPO        organism with algo.llds.enabled=false
+  collapse/GRPO        collapse with algo.llds.enabled=false   (lr 5e-4)
+  collapse/GRPO+LLDS   collapse   (lr 5e-4)
   collapse/GRPO+LLDS-1.0   the same with the LLDS coefficient 1.0 instead of 0.2
 
     llds demo --out runs/demo --skip-train           # world + warm start (once)
@@ -38,11 +38,11 @@ from llds.train.tracking import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 ARMS: dict[str, tuple[str, list[str]]] = {
-    "organism/GRPO+LLDS": ("configs/organism.yaml", []),
-    "organism/GRPO": ("configs/organism.yaml", ["algo.llds.enabled=false"]),
-    "collapse/GRPO": ("configs/collapse.yaml", ["algo.llds.enabled=false"]),
-    "collapse/GRPO+LLDS": ("configs/collapse.yaml", []),
-    "collapse/GRPO+LLDS-1.0": ("configs/collapse.yaml", ["algo.llds.coef=1.0"]),
+    "organism/GRPO+LLDS": ("organism", []),
+    "organism/GRPO": ("organism", ["algo.llds.enabled=false"]),
+    "collapse/GRPO": ("collapse", ["algo.llds.enabled=false"]),
+    "collapse/GRPO+LLDS": ("collapse", []),
+    "collapse/GRPO+LLDS-1.0": ("collapse", ["algo.llds.coef=1.0"]),
 }
 COLORS = {"organism/GRPO+LLDS": "tab:green", "organism/GRPO": "tab:olive",
           "collapse/GRPO": "tab:red",
@@ -57,7 +57,7 @@ def run_dir(out: Path, arm: str, seed: int) -> Path:
 def command(demo: Path, out: Path, arm: str, seed: int) -> list[str]:
     config, extra = ARMS[arm]
     return [
-        sys.executable, "-m", "llds.cli", "train", "--config", str(ROOT / config),
+        sys.executable, "-m", "llds.cli", "train", "--config", config,
         f"run_dir={run_dir(out, arm, seed)}", f"seed={seed}",
         f"model.path={demo / 'sft' / 'model'}", f"data.train={demo / 'world' / 'train.jsonl'}",
         f"data.eval={demo / 'world' / 'test.jsonl'}",

@@ -21,7 +21,7 @@ def test_demo_configs_validate(tmp_path):
 
 
 def test_shipped_presets_validate():
-    root = Path(__file__).resolve().parents[1] / "configs"
+    root = Path(__file__).resolve().parents[1] / "src" / "llds" / "configs"
     for path in sorted(root.glob("*.yaml")):
         if path.name.startswith("sft-"):
             continue  # `llds sft` options, not a training config

@@ -45,7 +45,7 @@ class DemoConfig:
 def training_config(
     run_dir: Path, out: Path, *, llds: bool, steps: int, seed: int
 ) -> dict[str, Any]:
-    """The organism GRPO config (same as configs/organism.yaml, paths filled in)."""
+    """The organism GRPO config (same as the organism preset, paths filled in)."""
     return {
         "run_dir": str(run_dir),
         "seed": seed,

@@ -64,10 +64,46 @@ def deep_merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, 
     return out
 
 
-def read_yaml(path: str | Path) -> dict[str, Any]:
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"config file {p} does not exist")
+BASE_KEY = "base"
+PRESET_PACKAGE = "llds.configs"
+
+
+def preset_names() -> list[str]:
+    """The presets shipped inside the package (`llds/configs/*.yaml`), by name."""
+    from importlib.resources import files
+
+    return sorted(
+        p.name.removesuffix(".yaml")
+        for p in files(PRESET_PACKAGE).iterdir()
+        if p.name.endswith(".yaml")
+    )
+
+
+def resolve_config(spec: str | Path, relative_to: Path | None = None) -> Path:
+    """The YAML file a `--config` value or a `base:` entry names.
+
+    A path (relative to `relative_to`, the including file's directory, for `base:`; to the
+    working directory otherwise) wins; else a bare name such as `organism` is a shipped preset.
+    """
+    from importlib.resources import as_file, files
+
+    path = Path(spec).expanduser()
+    if not path.is_absolute() and relative_to is not None:
+        path = relative_to / path
+    if path.is_file():
+        return path
+    name = str(spec).removesuffix(".yaml")
+    if "/" not in name and name in preset_names():
+        with as_file(files(PRESET_PACKAGE) / f"{name}.yaml") as packaged:
+            return Path(packaged)
+    where = f" (relative to {relative_to})" if relative_to is not None else ""
+    raise ConfigError(
+        f"config file {path} does not exist{where}, and {str(spec)!r} is not a shipped preset "
+        f"({', '.join(preset_names())})"
+    )
+
+
+def _read_one(p: Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as exc:
@@ -77,6 +113,29 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
             f"config file {p}: top level must be a mapping, got {type(data).__name__}"
         )
     return data
+
+
+def read_yaml(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """A config file with its `base:` chain merged in: the file's keys override its base's.
+
+    `base:` is a path relative to the file (or a shipped preset's name); bases may have bases.
+    A cycle is an error that names every file in it.
+    """
+    p = resolve_config(path) if not _chain else Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {p} does not exist")
+    key = p.resolve()
+    if key in _chain:
+        cycle = " -> ".join(str(c) for c in (*_chain, key))
+        raise ConfigError(f"config files include each other through base: {cycle}")
+    data = _read_one(p)
+    base = data.pop(BASE_KEY, None)
+    if base is None:
+        return data
+    if not isinstance(base, str) or not base.strip():
+        raise ConfigError(f"config file {p}: {BASE_KEY} must be a file path or a preset name")
+    parent = read_yaml(resolve_config(base, relative_to=p.parent), (*_chain, key))
+    return deep_merge(parent, data)
 
 
 def from_dict(cls: type[T], data: Mapping[str, Any], prefix: str = "") -> T:

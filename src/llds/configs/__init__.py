@@ -1,0 +1,1 @@
+"""Training presets shipped with the package: `llds train --config NAME` loads `NAME.yaml`."""
