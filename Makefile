@@ -40,6 +40,7 @@ browser:
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks examples
+	$(VENV)/bin/ruff format --check src tests benchmarks examples
 
 # pytest exits 5 when it collects nothing: treat that as a failure, never as green.
 test-main: $(STAMP) lint browser

@@ -53,8 +53,9 @@ def world_tokenizer(world, vocab_size: int = 2000):
     return train_bpe_tokenizer(texts, vocab_size=vocab_size)
 
 
-def single_turn_config(run_dir: str, *, prompts: int, group: int, tokens: int, algo, optim,
-                       dtype: str = "float32"):
+def single_turn_config(
+    run_dir: str, *, prompts: int, group: int, tokens: int, algo, optim, dtype: str = "float32"
+):
     """A validated TrainConfig for a timing benchmark: in-memory model and questions, one turn
     of exactly `tokens` generated tokens per completion (no retrieval), no logging, no
     diagnostics, no checkpoints."""
@@ -75,9 +76,15 @@ def single_turn_config(run_dir: str, *, prompts: int, group: int, tokens: int, a
         prompts_per_step=prompts,
         model=ModelConfig(path="in-memory", chat=False, dtype=dtype),
         data=DataConfig(train="in-memory", prompt_template=SINGLE_TURN_TEMPLATE),
-        rollout=RolloutConfig(group_size=group, max_turns=0, max_turn_tokens=tokens,
-                              min_turn_tokens=tokens, max_total_tokens=4096, temperature=1.0,
-                              max_rows=prompts * group),
+        rollout=RolloutConfig(
+            group_size=group,
+            max_turns=0,
+            max_turn_tokens=tokens,
+            min_turn_tokens=tokens,
+            max_total_tokens=4096,
+            temperature=1.0,
+            max_rows=prompts * group,
+        ),
         algo=algo,
         optim=optim,
         logging=LoggingConfig(tensorboard=False, wandb=False, progress=False),

@@ -105,21 +105,25 @@ def main() -> int:
         len(set(a) & set(b)) / max(1, len(b)) for a, b in zip(r_batched, r_theirs, strict=True)
     )
     top1 = statistics.mean(
-        float(bool(a) and bool(b) and a[0] == b[0]) for a, b in zip(r_batched, r_theirs,
-                                                                    strict=True)
+        float(bool(a) and bool(b) and a[0] == b[0])
+        for a, b in zip(r_batched, r_theirs, strict=True)
     )
     n = len(queries)
     print(f"Machine: {machine()}  ")
     print(f"Command: `python {' '.join(sys.argv)}`  ")
-    print(f"Corpus: {corpus_name}, {len(passages)} passages; {n} queries of 6 words; "
-          f"top-{K}; k1={ours.k1}, b={ours.b}; median of {args.repeats} repeats  ")
+    print(
+        f"Corpus: {corpus_name}, {len(passages)} passages; {n} queries of 6 words; "
+        f"top-{K}; k1={ours.k1}, b={ours.b}; median of {args.repeats} repeats  "
+    )
     print(f"Index build: llds {ours_build:.2f} s, rank-bm25 {theirs_build:.2f} s  ")
     print(f"Agreement with rank-bm25: top-10 overlap {overlap:.1%}, same top-1 {top1:.1%}\n")
     print("| retriever | queries/s | ms/query | speed-up vs rank-bm25 |")
     print("|---|---:|---:|---:|")
-    for name, t in (("llds BM25 (bm25s), one batched call", t_batched),
-                    ("llds BM25 (bm25s), one call per query", t_single),
-                    ("rank-bm25 BM25Okapi", t_theirs)):
+    for name, t in (
+        ("llds BM25 (bm25s), one batched call", t_batched),
+        ("llds BM25 (bm25s), one call per query", t_single),
+        ("rank-bm25 BM25Okapi", t_theirs),
+    ):
         print(f"| {name} | {n / t:,.0f} | {1000 * t / n:.2f} | {t_theirs / t:.1f}x |")
     return 0
 

@@ -46,8 +46,15 @@ def main() -> None:
 
     world = generate_world(WorldConfig.preset("organism"))
     tok = world_tokenizer(world)
-    model = tiny_causal_lm_for(tok, hidden_size=896, num_layers=args.layers, num_heads=14,
-                               num_kv_heads=2, intermediate_size=4864, max_position_embeddings=4096)
+    model = tiny_causal_lm_for(
+        tok,
+        hidden_size=896,
+        num_layers=args.layers,
+        num_heads=14,
+        num_kv_heads=2,
+        intermediate_size=4864,
+        max_position_embeddings=4096,
+    )
     model.config._attn_implementation = "sdpa"
     model.to(device=args.device, dtype=getattr(torch, args.dtype))
     n_body = sum(p.numel() for n, p in model.named_parameters() if "embed_tokens" not in n)
@@ -60,8 +67,7 @@ def main() -> None:
         optim=OptimConfig(lr=1e-6, mini_batches=4, micro_batch_tokens=65536),
         dtype=args.dtype,
     )
-    trainer = GRPOTrainer(cfg, model=model, tokenizer=tok, train_examples=world.train,
-                          resume=False)
+    trainer = GRPOTrainer(cfg, model=model, tokenizer=tok, train_examples=world.train, resume=False)
     rows = [trainer.train_step() for _ in range(1 + args.steps)][1:]
     # tokens the update's forward+backward really processes per optimizer epoch: every
     # response token, and each group's shared prompt once (one forward per distinct prompt)
@@ -75,11 +81,13 @@ def main() -> None:
     print(f"model: {n_body / 1e6:.0f}M non-embedding parameters, {args.dtype}, SDPA")
     print("| step | rollout | old log-probs | update | rollout tokens/s | update MFU |")
     print("|---|---|---|---|---|---|")
-    print(f"| {statistics.median(r['time/step'] for r in rows):.2f} s "
-          f"| {statistics.median(r['time/rollout'] for r in rows):.2f} s "
-          f"| {statistics.median(r['time/old_logprob'] for r in rows):.2f} s | {upd:.2f} s "
-          f"| {statistics.median(r['throughput/rollout_tokens_per_s'] for r in rows):,.0f} "
-          f"| {100 * mfu:.1f}% |")
+    print(
+        f"| {statistics.median(r['time/step'] for r in rows):.2f} s "
+        f"| {statistics.median(r['time/rollout'] for r in rows):.2f} s "
+        f"| {statistics.median(r['time/old_logprob'] for r in rows):.2f} s | {upd:.2f} s "
+        f"| {statistics.median(r['throughput/rollout_tokens_per_s'] for r in rows):,.0f} "
+        f"| {100 * mfu:.1f}% |"
+    )
 
 
 if __name__ == "__main__":

@@ -44,10 +44,13 @@ ARMS: dict[str, tuple[str, list[str]]] = {
     "collapse/GRPO+LLDS": ("collapse", []),
     "collapse/GRPO+LLDS-1.0": ("collapse", ["algo.llds.coef=1.0"]),
 }
-COLORS = {"organism/GRPO+LLDS": "tab:green", "organism/GRPO": "tab:olive",
-          "collapse/GRPO": "tab:red",
-          "collapse/GRPO+LLDS-1.0": "tab:purple",
-          "collapse/GRPO+LLDS": "tab:blue"}
+COLORS = {
+    "organism/GRPO+LLDS": "tab:green",
+    "organism/GRPO": "tab:olive",
+    "collapse/GRPO": "tab:red",
+    "collapse/GRPO+LLDS-1.0": "tab:purple",
+    "collapse/GRPO+LLDS": "tab:blue",
+}
 
 
 def run_dir(out: Path, arm: str, seed: int) -> Path:
@@ -57,11 +60,20 @@ def run_dir(out: Path, arm: str, seed: int) -> Path:
 def command(demo: Path, out: Path, arm: str, seed: int) -> list[str]:
     config, extra = ARMS[arm]
     return [
-        sys.executable, "-m", "llds.cli", "train", "--config", config,
-        f"run_dir={run_dir(out, arm, seed)}", f"seed={seed}",
-        f"model.path={demo / 'sft' / 'model'}", f"data.train={demo / 'world' / 'train.jsonl'}",
+        sys.executable,
+        "-m",
+        "llds.cli",
+        "train",
+        "--config",
+        config,
+        f"run_dir={run_dir(out, arm, seed)}",
+        f"seed={seed}",
+        f"model.path={demo / 'sft' / 'model'}",
+        f"data.train={demo / 'world' / 'train.jsonl'}",
         f"data.eval={demo / 'world' / 'test.jsonl'}",
-        f"retriever.source={demo / 'world' / 'corpus.jsonl'}", "logging.progress=false", *extra,
+        f"retriever.source={demo / 'world' / 'corpus.jsonl'}",
+        "logging.progress=false",
+        *extra,
     ]
 
 
@@ -79,8 +91,14 @@ def run_all(
             target.mkdir(parents=True, exist_ok=True)
             log = (target / "train.log").open("w")
             print(f"start {arm} seed {seed} -> {target}", flush=True)
-            running.append((subprocess.Popen(command(demo, out, arm, seed), stdout=log,
-                                             stderr=subprocess.STDOUT, env=env), log))
+            running.append(
+                (
+                    subprocess.Popen(
+                        command(demo, out, arm, seed), stdout=log, stderr=subprocess.STDOUT, env=env
+                    ),
+                    log,
+                )
+            )
         time.sleep(2)
         for proc, log in list(running):
             if proc.poll() is not None:
@@ -102,7 +120,8 @@ def summarize_run(path: Path) -> dict[str, Any]:
     return {
         "eval_em": {r["step"]: r["eval/em"] for r in evals},
         "last_em_by_hops": {h: evals[-1].get(f"eval/em_{h}hop") for h in (1, 2, 3)}
-        if evals else {},
+        if evals
+        else {},
         "reward_last20": statistics.fmean(r["reward/mean"] for r in tail),
         "answered_last20": statistics.fmean(r["rollout/answered_frac"] for r in tail),
         "searches_last20": statistics.fmean(r["rollout/valid_searches"] for r in tail),
@@ -134,19 +153,30 @@ def _by_hops(per_seed: Sequence[dict[Any, Any]]) -> str:
 
 
 def table(study: dict[str, dict[int, dict[str, Any]]], start: float | None) -> str:
-    checkpoints = sorted({s for runs in study.values() for r in runs.values()
-                          for s in r["eval_em"]})
-    head = ["arm", "seeds", "start EM", *[f"EM @ {s}" for s in checkpoints],
-            "last EM by hops 1 / 2 / 3", "train reward, last 20", "answered, last 20",
-            "first critical alarm", "min / run"]
+    checkpoints = sorted(
+        {s for runs in study.values() for r in runs.values() for s in r["eval_em"]}
+    )
+    head = [
+        "arm",
+        "seeds",
+        "start EM",
+        *[f"EM @ {s}" for s in checkpoints],
+        "last EM by hops 1 / 2 / 3",
+        "train reward, last 20",
+        "answered, last 20",
+        "first critical alarm",
+        "min / run",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for arm, runs in study.items():
         seeds = sorted(runs)
-        ems = [_cell([runs[s]["eval_em"].get(c, float("nan")) for s in seeds])
-               for c in checkpoints]
+        ems = [_cell([runs[s]["eval_em"].get(c, float("nan")) for s in seeds]) for c in checkpoints]
         alarms = [runs[s]["first_critical_alarm"] for s in seeds]
         cells = [
-            arm, ", ".join(map(str, seeds)), "-" if start is None else f"{start:.3f}", *ems,
+            arm,
+            ", ".join(map(str, seeds)),
+            "-" if start is None else f"{start:.3f}",
+            *ems,
             _by_hops([runs[s].get("last_em_by_hops", {}) for s in seeds]),
             _cell([runs[s]["reward_last20"] for s in seeds]),
             _cell([runs[s]["answered_last20"] for s in seeds]),
@@ -173,8 +203,14 @@ def plot(study: dict[str, dict[int, dict[str, Any]]], start: float | None, path:
             ys = [r["eval_em"].get(c, float("nan")) for c in steps]
             per_seed.append([start, *ys] if start is not None else ys)
             axes[0].plot(xs, per_seed[-1], color=color, alpha=0.25, lw=1)
-        axes[0].plot(xs, [statistics.median(v) for v in zip(*per_seed, strict=True)],
-                     color=color, lw=2.5, marker="o", label=arm)
+        axes[0].plot(
+            xs,
+            [statistics.median(v) for v in zip(*per_seed, strict=True)],
+            color=color,
+            lw=2.5,
+            marker="o",
+            label=arm,
+        )
         for r in runs.values():
             axes[1].plot(moving_average(r["reward"], 10), color=color, alpha=0.6, lw=1)
             lp = [float("nan") if v is None else v for v in r["logp_correct"]]
@@ -192,8 +228,12 @@ def plot(study: dict[str, dict[int, dict[str, Any]]], start: float | None, path:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--demo", type=Path, default=Path("runs/demo"),
-                    help="folder of `llds demo --skip-train` (world/ and sft/)")
+    ap.add_argument(
+        "--demo",
+        type=Path,
+        default=Path("runs/demo"),
+        help="folder of `llds demo --skip-train` (world/ and sft/)",
+    )
     ap.add_argument("--out", type=Path, default=Path("runs/study"))
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
@@ -201,12 +241,14 @@ def main() -> None:
     ap.add_argument("--summarize-only", action="store_true")
     args = ap.parse_args()
     if not (args.demo / "sft" / "model").is_dir():
-        raise SystemExit(f"{args.demo}: no sft/model; run `llds demo --out {args.demo} "
-                         "--skip-train` first")
+        raise SystemExit(
+            f"{args.demo}: no sft/model; run `llds demo --out {args.demo} --skip-train` first"
+        )
     if not args.summarize_only:
         run_all(args.demo, args.out, args.arms, args.seeds, args.parallel)
-    study = {arm: {s: summarize_run(run_dir(args.out, arm, s)) for s in args.seeds}
-             for arm in args.arms}
+    study = {
+        arm: {s: summarize_run(run_dir(args.out, arm, s)) for s in args.seeds} for arm in args.arms
+    }
     start = start_em(args.demo)
     args.out.mkdir(parents=True, exist_ok=True)
     plot(study, start, args.out / "study.png")

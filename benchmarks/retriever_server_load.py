@@ -44,8 +44,21 @@ def free_port() -> int:
 
 
 def start_server(corpus: Path, port: int, batching: bool) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "llds.cli", "serve-retriever", "--corpus", str(corpus),
-           "--host", HOST, "--port", str(port), "--log-level", "warning", "--no-progress"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "llds.cli",
+        "serve-retriever",
+        "--corpus",
+        str(corpus),
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        "--no-progress",
+    ]
     if not batching:
         cmd += ["--max-batch-queries", "1"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -60,23 +73,30 @@ def start_server(corpus: Path, port: int, batching: bool) -> subprocess.Popen[by
     raise RuntimeError("server did not start")
 
 
-async def _request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                   body: bytes) -> bool:
-    writer.write(b"POST /retrieve HTTP/1.1\r\nHost: " + HOST.encode()
-                 + b"\r\nContent-Type: application/json\r\nAccept: application/json\r\n"
-                 + b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+async def _request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, body: bytes) -> bool:
+    writer.write(
+        b"POST /retrieve HTTP/1.1\r\nHost: "
+        + HOST.encode()
+        + b"\r\nContent-Type: application/json\r\nAccept: application/json\r\n"
+        + b"Content-Length: "
+        + str(len(body)).encode()
+        + b"\r\n\r\n"
+        + body
+    )
     await writer.drain()
     head = await reader.readuntil(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
     status = int(lines[0].split()[1])
-    length = next(int(h.split(":", 1)[1]) for h in lines[1:]
-                  if h.lower().startswith("content-length:"))
+    length = next(
+        int(h.split(":", 1)[1]) for h in lines[1:] if h.lower().startswith("content-length:")
+    )
     payload = json.loads(await reader.readexactly(length))
     return status == 200 and len(payload["result"]) == 1
 
 
-async def run_level(port: int, clients: int, queries: list[str], max_requests: int,
-                    max_seconds: float) -> dict[str, float]:
+async def run_level(
+    port: int, clients: int, queries: list[str], max_requests: int, max_seconds: float
+) -> dict[str, float]:
     latencies: list[float] = []
     errors = 0
     issued = 0
@@ -89,8 +109,9 @@ async def run_level(port: int, clients: int, queries: list[str], max_requests: i
         try:
             while issued < max_requests and time.perf_counter() < deadline:
                 issued += 1
-                body = json.dumps({"queries": [rng.choice(queries)], "topk": 3,
-                                   "return_scores": True}).encode()
+                body = json.dumps(
+                    {"queries": [rng.choice(queries)], "topk": 3, "return_scores": True}
+                ).encode()
                 t0 = time.perf_counter()
                 try:
                     ok = await _request(reader, writer, body)
@@ -146,8 +167,10 @@ def main() -> int:
             proc = start_server(corpus, port, batching)
             try:
                 for clients in args.levels:
-                    runs = [asyncio.run(run_level(port, clients, queries, args.requests,
-                                                  args.seconds)) for _ in range(args.repeats)]
+                    runs = [
+                        asyncio.run(run_level(port, clients, queries, args.requests, args.seconds))
+                        for _ in range(args.repeats)
+                    ]
                     table[(label, clients)] = median_runs(runs)
             finally:
                 proc.terminate()
@@ -155,15 +178,19 @@ def main() -> int:
 
     print(f"Machine: {machine()}; server and load generator share it  ")
     print(f"Command: `python {' '.join(sys.argv)}`  ")
-    print(f"Corpus: {corpus_name}, {len(passages)} passages, BM25; 1 query/request, topk 3, "
-          f"return_scores true; loopback {HOST}; per level <= {args.requests} requests or "
-          f"{args.seconds:g} s; median of {args.repeats} repeat(s); pid {os.getpid()}\n")
+    print(
+        f"Corpus: {corpus_name}, {len(passages)} passages, BM25; 1 query/request, topk 3, "
+        f"return_scores true; loopback {HOST}; per level <= {args.requests} requests or "
+        f"{args.seconds:g} s; median of {args.repeats} repeat(s); pid {os.getpid()}\n"
+    )
     print("| server | clients | requests | errors | req/s | p50 ms | p99 ms | req/s vs off |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for (label, clients), r in table.items():
         base = table[("micro-batching off", clients)]["rps"]
-        print(f"| {label} | {clients} | {r['requests']:.0f} | {r['errors']:.0f} | "
-              f"{r['rps']:,.0f} | {r['p50']:.1f} | {r['p99']:.1f} | {r['rps'] / base:.2f}x |")
+        print(
+            f"| {label} | {clients} | {r['requests']:.0f} | {r['errors']:.0f} | "
+            f"{r['rps']:,.0f} | {r['p50']:.1f} | {r['p99']:.1f} | {r['rps'] / base:.2f}x |"
+        )
     return 0
 
 

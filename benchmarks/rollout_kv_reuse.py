@@ -45,21 +45,32 @@ def main() -> None:
     ]
     results = {}
     for reuse in (False, True):
-        cfg = RolloutConfig(max_turns=args.turns, max_turn_tokens=args.turn_tokens,
-                            max_obs_tokens=120, max_total_tokens=2048, kv_reuse=reuse)
+        cfg = RolloutConfig(
+            max_turns=args.turns,
+            max_turn_tokens=args.turn_tokens,
+            max_obs_tokens=120,
+            max_total_tokens=2048,
+            kv_reuse=reuse,
+        )
         engine = RolloutEngine(model, tok, retriever, cfg)
         batch = engine.generate(reqs)
         engine.stats.update(prefill_tokens=0, decode_tokens=0, forward_calls=0)
         t = median_time(lambda e=engine: e.generate(reqs), args.repeats, warmup=0)
         runs = args.repeats
-        results[reuse] = (t, int(batch.loss_mask.sum()), engine.stats["prefill_tokens"] // runs,
-                          batch.input_ids)
+        results[reuse] = (
+            t,
+            int(batch.loss_mask.sum()),
+            engine.stats["prefill_tokens"] // runs,
+            batch.input_ids,
+        )
     assert torch.equal(results[False][3], results[True][3]), "modes generated different tokens"
 
     print(f"machine: {machine()}")
     print(f"command: `python benchmarks/rollout_kv_reuse.py {' '.join(sys.argv[1:])}`".strip())
-    print(f"{args.rows} rollouts, up to {args.turns + 1} turns of {args.turn_tokens} tokens, "
-          f"tiny Qwen2 hidden {args.hidden} x {args.layers} layers, median of {args.repeats}\n")
+    print(
+        f"{args.rows} rollouts, up to {args.turns + 1} turns of {args.turn_tokens} tokens, "
+        f"tiny Qwen2 hidden {args.hidden} x {args.layers} layers, median of {args.repeats}\n"
+    )
     print("| mode | median time | generated tokens/s | prefilled tokens per batch | speed-up |")
     print("|---|---|---|---|---|")
     base = results[False][0]

@@ -56,8 +56,14 @@ def main() -> None:
     retriever = build_retriever(corpus_passages(None, wiki=True), show_progress=False)
     index_s = time.perf_counter() - t0
     model, tok = load_smollm2(dtype="float32", device="cpu")
-    rollout = RolloutConfig(max_turns=args.max_turns, max_turn_tokens=96, max_obs_tokens=256,
-                            max_total_tokens=1536, topk=args.topk, max_rows=32)
+    rollout = RolloutConfig(
+        max_turns=args.max_turns,
+        max_turn_tokens=96,
+        max_obs_tokens=256,
+        max_total_tokens=1536,
+        topk=args.topk,
+        max_rows=32,
+    )
 
     def held_out() -> tuple[dict, float]:
         start = time.perf_counter()
@@ -66,36 +72,56 @@ def main() -> None:
 
     zero, zero_s = held_out()
     t1 = time.perf_counter()
-    episodes, stats = build_expert_episodes(train, retriever, tok, topk=args.topk,
-                                            max_obs_tokens=256, num_examples=args.sft_examples,
-                                            seed=args.seed)
-    sft = sft_train(model, tok, episodes, lr=args.lr, steps=args.sft_steps,
-                    batch_size=args.batch_size, warmup=5, seed=args.seed, progress=False)
+    episodes, stats = build_expert_episodes(
+        train,
+        retriever,
+        tok,
+        topk=args.topk,
+        max_obs_tokens=256,
+        num_examples=args.sft_examples,
+        seed=args.seed,
+    )
+    sft = sft_train(
+        model,
+        tok,
+        episodes,
+        lr=args.lr,
+        steps=args.sft_steps,
+        batch_size=args.batch_size,
+        warmup=5,
+        seed=args.seed,
+        progress=False,
+    )
     sft_s = time.perf_counter() - t1
     after, after_s = held_out()
 
     print(f"machine: {machine()}")
     print(f"command: `python benchmarks/smollm2_trivia.py {' '.join(sys.argv[1:])}`".strip())
-    print(f"lists {args.lists}: {len(examples)} questions, {len(test)} held out; BM25 over the "
-          f"Wikipedia summaries built in {index_s:.1f} s; SFT on {stats.kept} trajectories "
-          f"({stats.skipped_no_gold_in_retrieval} of {stats.considered} skipped: no gold answer "
-          f"in the top-{args.topk}), {args.sft_steps} steps x {args.batch_size}, lr {args.lr}, "
-          f"loss {sft.initial_loss:.3f} -> {sft.final_loss:.3f}, {sft_s:.0f} s")
+    print(
+        f"lists {args.lists}: {len(examples)} questions, {len(test)} held out; BM25 over the "
+        f"Wikipedia summaries built in {index_s:.1f} s; SFT on {stats.kept} trajectories "
+        f"({stats.skipped_no_gold_in_retrieval} of {stats.considered} skipped: no gold answer "
+        f"in the top-{args.topk}), {args.sft_steps} steps x {args.batch_size}, lr {args.lr}, "
+        f"loss {sft.initial_loss:.3f} -> {sft.final_loss:.3f}, {sft_s:.0f} s"
+    )
     print()
     print("| model | held-out EM | F1 | sub-EM | valid searches / question | answered | eval s |")
     print("|---|---|---|---|---|---|---|")
     for name, res, secs in (("zero-shot", zero, zero_s), ("after SFT", after, after_s)):
         o = res["overall"]
-        print(f"| SmolLM2-135M-Instruct {name} | {o['em']:.3f} | {o['f1']:.3f} | "
-              f"{o['sub_em']:.3f} | {o['valid_searches']:.2f} | {o['answered']:.2f} | "
-              f"{secs:.0f} |")
+        print(
+            f"| SmolLM2-135M-Instruct {name} | {o['em']:.3f} | {o['f1']:.3f} | "
+            f"{o['sub_em']:.3f} | {o['valid_searches']:.2f} | {o['answered']:.2f} | "
+            f"{secs:.0f} |"
+        )
     for name, res in (("zero-shot", zero), ("after SFT", after)):
         print(f"\n{name}, first answers:")
         for r in res["records"][:4]:
             print(f"  {r['question'][:60]!r} gold {r['golds'][0]!r} -> {r['prediction']!r}")
     if args.out:
-        Path(args.out).write_text(json.dumps({"zero_shot": zero, "after_sft": after,
-                                              "sft_losses": sft.losses}, indent=1))
+        Path(args.out).write_text(
+            json.dumps({"zero_shot": zero, "after_sft": after, "sft_losses": sft.losses}, indent=1)
+        )
 
 
 if __name__ == "__main__":

@@ -76,9 +76,7 @@ def run_native(model, tok, examples, args, run_dir: str, old_logprobs: str) -> d
             lr=args.lr, weight_decay=0.0, grad_clip=1.0, mini_batches=args.mini_batches
         ),
     )
-    trainer = NativeTrainer(
-        cfg, model=model, tokenizer=tok, train_examples=examples, resume=False
-    )
+    trainer = NativeTrainer(cfg, model=model, tokenizer=tok, train_examples=examples, resume=False)
     times, parts = [], []
     for k in range(1 + args.repeats):
         t0 = time.perf_counter()
@@ -216,8 +214,11 @@ def main() -> None:
     generated = len(prompts) * g * n
     trained = sum(g * (len(p) + n) for p in prompts)
     params = sum(p.numel() for p in model.parameters())
-    name = "SmolLM2-135M" if args.model == "smollm2" else (
-        f"tiny Qwen2 hidden {args.hidden} x {args.layers} layers")
+    name = (
+        "SmolLM2-135M"
+        if args.model == "smollm2"
+        else (f"tiny Qwen2 hidden {args.hidden} x {args.layers} layers")
+    )
     print(f"machine: {machine()}")
     print(f"command: `python benchmarks/vs_trl.py {' '.join(sys.argv[1:])}`".strip())
     print(
@@ -226,8 +227,10 @@ def main() -> None:
         f"prompt {min(map(len, prompts))}-{max(map(len, prompts))} tokens; tokens per step: "
         f"{generated:,} generated + {trained:,} trained; median of {args.repeats} after 1 warm-up\n"
     )
-    print("| trainer | median step time | generation | rest (old log-probs + updates) "
-          "| tokens/s | speed vs TRL |")
+    print(
+        "| trainer | median step time | generation | rest (old log-probs + updates) "
+        "| tokens/s | speed vs TRL |"
+    )
     print("|---|---|---|---|---|---|")
     base = statistics.median(results["trl"]["times"])
     for key, label in (
@@ -237,8 +240,10 @@ def main() -> None:
     ):
         t = statistics.median(results[key]["times"])
         gen = statistics.median(results[key]["gen"])
-        print(f"| {label} | {t:.2f} s | {gen:.2f} s | {t - gen:.2f} s | "
-              f"{(generated + trained) / t:,.0f} | {base / t:.2f}x |")
+        print(
+            f"| {label} | {t:.2f} s | {gen:.2f} s | {t - gen:.2f} s | "
+            f"{(generated + trained) / t:,.0f} | {base / t:.2f}x |"
+        )
 
 
 if __name__ == "__main__":

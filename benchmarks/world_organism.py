@@ -35,11 +35,14 @@ def _bm25_hits(world, stem: bool) -> tuple[float, float]:
     retriever = bm25s.BM25()
     if stem:
         stemmer = Stemmer.Stemmer("english")
+
         def tok(xs):
             return bm25s.tokenize(xs, stopwords="en", stemmer=stemmer, show_progress=False)
     else:
+
         def tok(xs):
             return [_words(x) for x in xs]
+
     retriever.index(tok([d["contents"] for d in world.corpus]), show_progress=False)
     results, _ = retriever.retrieve(tok([h["query"] for h in hops]), k=3, show_progress=False)
     top1 = sum(ids[r[0]] == h["doc_id"] for r, h in zip(results, hops, strict=True))
@@ -83,8 +86,10 @@ def main() -> None:
     args = parser.parse_args()
     rows = [measure(p, args.repeats) for p in ("organism", "hard")]
     print(f"machine: {machine()}")
-    print(f"command: python benchmarks/world_organism.py --repeats {args.repeats} "
-          "(times: median of repeats)")
+    print(
+        f"command: python benchmarks/world_organism.py --repeats {args.repeats} "
+        "(times: median of repeats)"
+    )
     print()
     keys = list(rows[0])
     print("| " + " | ".join(keys) + " |")

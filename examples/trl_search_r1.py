@@ -21,36 +21,57 @@ import sys
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--model", default=None,
-                   help="HF model directory or hub id (default: a tiny random model)")
-    p.add_argument("--data", default=None,
-                   help="training questions: Search-R1 .parquet, FlashRAG .jsonl/.json or "
-                        "trivia:LIST (default: a generated synthetic world)")
-    p.add_argument("--retriever", default=None,
-                   help="http://host:port/retrieve, an index directory or a corpus .jsonl "
-                        "(default: BM25 over the synthetic world's corpus)")
+    p.add_argument(
+        "--model", default=None, help="HF model directory or hub id (default: a tiny random model)"
+    )
+    p.add_argument(
+        "--data",
+        default=None,
+        help="training questions: Search-R1 .parquet, FlashRAG .jsonl/.json or "
+        "trivia:LIST (default: a generated synthetic world)",
+    )
+    p.add_argument(
+        "--retriever",
+        default=None,
+        help="http://host:port/retrieve, an index directory or a corpus .jsonl "
+        "(default: BM25 over the synthetic world's corpus)",
+    )
     p.add_argument("--limit", type=int, default=None, help="use at most this many questions")
     p.add_argument("--output-dir", default="runs/trl-search-r1")
     p.add_argument("--steps", type=int, default=4, help="optimizer steps")
     p.add_argument("--per-device-batch", type=int, default=4)
     p.add_argument("--num-generations", type=int, default=2, help="rollouts per question (G)")
     p.add_argument("--gradient-accumulation", type=int, default=1)
-    p.add_argument("--steps-per-generation", type=int, default=2,
-                   help="optimizer micro-steps per generation batch; > gradient accumulation "
-                        "makes LLDS act (several updates on the same rollouts)")
+    p.add_argument(
+        "--steps-per-generation",
+        type=int,
+        default=2,
+        help="optimizer micro-steps per generation batch; > gradient accumulation "
+        "makes LLDS act (several updates on the same rollouts)",
+    )
     p.add_argument("--num-iterations", type=int, default=1)
     p.add_argument("--learning-rate", type=float, default=1e-4)
     p.add_argument("--beta", type=float, default=0.0, help="KL coefficient (paper: 0.001)")
     p.add_argument("--llds-coef", type=float, default=0.2)
     p.add_argument("--llds-gate", default="action", choices=["action", "response", "token"])
-    p.add_argument("--llds-aggregation", default="seq-mean-token-mean",
-                   choices=["seq-mean-token-mean", "token-mean"])
+    p.add_argument(
+        "--llds-aggregation",
+        default="seq-mean-token-mean",
+        choices=["seq-mean-token-mean", "token-mean"],
+    )
     p.add_argument("--mask-answer", action="store_true", help="LLDS-MA (answer tokens weighted)")
-    p.add_argument("--format-reward", action="store_true",
-                   help="Search-R1 v0.3 format-aware reward (always on for the tiny demo)")
+    p.add_argument(
+        "--format-reward",
+        action="store_true",
+        help="Search-R1 v0.3 format-aware reward (always on for the tiny demo)",
+    )
     p.add_argument("--max-turns", type=int, default=3)
-    p.add_argument("--max-turn-tokens", type=int, default=None,
-                   help="per-turn generation cap (default 500; 24 for the tiny model)")
+    p.add_argument(
+        "--max-turn-tokens",
+        type=int,
+        default=None,
+        help="per-turn generation cap (default 500; 24 for the tiny model)",
+    )
     p.add_argument("--topk", type=int, default=3)
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--bf16", action="store_true", help="bf16 autocast (GPU)")
@@ -183,8 +204,14 @@ def main(argv: list[str] | None = None) -> int:
     trainer.train()
     for row in trainer.state.log_history:
         if "loss" in row:
-            keys = ("reward", "llds/loss", "llds/gate_frac", "lld/logp_correct",
-                    "lld/logp_incorrect", "lld/disp_correct")
+            keys = (
+                "reward",
+                "llds/loss",
+                "llds/gate_frac",
+                "lld/logp_correct",
+                "lld/logp_incorrect",
+                "lld/disp_correct",
+            )
             print({k: row.get(k) for k in ("loss", *keys)})
     return 0
 

@@ -47,10 +47,13 @@ def write_jsonl(path: Path, rows: list) -> Path:
 
 
 def test_search_r1_parquet_parses_nested_structure(tmp_path: Path) -> None:
-    path = write_parquet(tmp_path / "nq_train.parquet", [
-        search_r1_row("nq", 7, "who wrote hamlet?", ["Shakespeare", "William Shakespeare"]),
-        search_r1_row("nq", 9, "capital of france?", ["Paris"]),
-    ])
+    path = write_parquet(
+        tmp_path / "nq_train.parquet",
+        [
+            search_r1_row("nq", 7, "who wrote hamlet?", ["Shakespeare", "William Shakespeare"]),
+            search_r1_row("nq", 9, "capital of france?", ["Paris"]),
+        ],
+    )
     examples = load_search_r1_parquet(path)
     assert [ex.question for ex in examples] == ["who wrote hamlet?", "capital of france?"]
     assert examples[0].answers == ("Shakespeare", "William Shakespeare")
@@ -84,10 +87,13 @@ def test_string_target_and_numpy_targets(tmp_path: Path) -> None:
 
 
 def test_merged_file_keeps_datasets_apart(tmp_path: Path) -> None:
-    path = write_parquet(tmp_path / "train.parquet", [
-        search_r1_row("nq", 0, "q1?", ["a"]),
-        search_r1_row("hotpotqa", 0, "q2?", ["b"]),
-    ])
+    path = write_parquet(
+        tmp_path / "train.parquet",
+        [
+            search_r1_row("nq", 0, "q1?", ["a"]),
+            search_r1_row("hotpotqa", 0, "q2?", ["b"]),
+        ],
+    )
     ids = [ex.id for ex in load_search_r1_parquet(path)]
     assert ids == ["nq:train:0", "hotpotqa:train:0"]
 
@@ -96,8 +102,10 @@ def test_ids_unique_across_files_with_same_row_indices(tmp_path: Path) -> None:
     rows = [search_r1_row("nq", i, f"q{i}?", ["a"]) for i in range(3)]
     a = write_parquet(tmp_path / "part_a.parquet", rows)
     b = write_parquet(tmp_path / "part_b.parquet", rows)
-    j = write_jsonl(tmp_path / "nq" / "test.jsonl",
-                    [{"id": i, "question": f"q{i}?", "golden_answers": ["a"]} for i in range(3)])
+    j = write_jsonl(
+        tmp_path / "nq" / "test.jsonl",
+        [{"id": i, "question": f"q{i}?", "golden_answers": ["a"]} for i in range(3)],
+    )
     examples = load_many([a, b, j])
     assert len(examples) == 9
     assert len({ex.id for ex in examples}) == 9
@@ -141,8 +149,10 @@ def test_flashrag_jsonl(tmp_path: Path) -> None:
     path = tmp_path / "popqa" / "dev.jsonl"
     path.parent.mkdir()
     path.write_text(
-        json.dumps({"id": "dev_0", "question": " who? ", "golden_answers": ["A", "B"]}) + "\n\n"
-        + json.dumps({"question": "what?", "golden_answers": "C"}) + "\n"
+        json.dumps({"id": "dev_0", "question": " who? ", "golden_answers": ["A", "B"]})
+        + "\n\n"
+        + json.dumps({"question": "what?", "golden_answers": "C"})
+        + "\n"
     )
     examples = load_flashrag_jsonl(path)
     assert [ex.id for ex in examples] == ["popqa:dev:dev_0", "popqa:dev:2"]
@@ -153,8 +163,10 @@ def test_flashrag_jsonl(tmp_path: Path) -> None:
 
 
 def test_flashrag_errors_name_line_and_field(tmp_path: Path) -> None:
-    path = write_jsonl(tmp_path / "d.jsonl", [{"id": 1, "question": "q", "golden_answers": ["a"]},
-                                              {"id": 2, "question": "q2"}])
+    path = write_jsonl(
+        tmp_path / "d.jsonl",
+        [{"id": 1, "question": "q", "golden_answers": ["a"]}, {"id": 2, "question": "q2"}],
+    )
     with pytest.raises(DataFormatError, match=r"d\.jsonl line 2\.golden_answers: missing"):
         load_flashrag_jsonl(path)
     path.write_text('{"id": 1, "question": "q", "golden_answers": ["a"]}\n{not json\n')

@@ -29,8 +29,12 @@ from llds.integrations.verl import (
 )
 
 CLIP_LOW, CLIP_HIGH, CLIP_C = 0.2, 0.28, 3.0
-BATCH_INFO = {"dp_size": 2, "batch_num_tokens": 50, "global_batch_size": 8,
-              "loss_scale_factor": None}
+BATCH_INFO = {
+    "dp_size": 2,
+    "batch_num_tokens": 50,
+    "global_batch_size": 8,
+    "loss_scale_factor": None,
+}
 
 
 def _batch():
@@ -69,8 +73,13 @@ def _actor_config(**llds):
     """The fields veRL's ActorConfig offers the loss (clip ratios, global batch info, and the
     `policy_loss` block with our keys)."""
     return _ActorConfig(
-        clip_ratio=0.2, clip_ratio_low=CLIP_LOW, clip_ratio_high=CLIP_HIGH, clip_ratio_c=CLIP_C,
-        loss_agg_mode="token-mean", global_batch_info=dict(BATCH_INFO), loss_scale_factor=None,
+        clip_ratio=0.2,
+        clip_ratio_low=CLIP_LOW,
+        clip_ratio_high=CLIP_HIGH,
+        clip_ratio_c=CLIP_C,
+        loss_agg_mode="token-mean",
+        global_batch_info=dict(BATCH_INFO),
+        loss_scale_factor=None,
         policy_loss={"loss_mode": LOSS_NAME, **llds},
     )
 
@@ -78,22 +87,32 @@ def _actor_config(**llds):
 def _expected(old, new, adv, mask, *, coef, gate, aggregation):
     dp = BATCH_INFO["dp_size"]
     base = _hand_ppo(old, new, adv, mask, BATCH_INFO["batch_num_tokens"] / dp)
-    extra = {"num_tokens": BATCH_INFO["batch_num_tokens"] / dp} if aggregation == "token-mean" \
+    extra = (
+        {"num_tokens": BATCH_INFO["batch_num_tokens"] / dp}
+        if aggregation == "token-mean"
         else {"num_sequences": BATCH_INFO["global_batch_size"] / dp}
-    penalty, _ = llds_loss(new, old, adv, mask, coef=coef, gate=gate, aggregation=aggregation,
-                           **extra)
+    )
+    penalty, _ = llds_loss(
+        new, old, adv, mask, coef=coef, gate=gate, aggregation=aggregation, **extra
+    )
     return base, penalty
 
 
-@pytest.mark.parametrize(("gate", "aggregation"), [("action", "token-mean"),
-                                                   ("response", "seq-mean-token-mean")])
+@pytest.mark.parametrize(
+    ("gate", "aggregation"), [("action", "token-mean"), ("response", "seq-mean-token-mean")]
+)
 def test_policy_loss_value_and_gradient_match_hand_ppo_plus_llds(gate, aggregation):
     old, new, adv, mask = _batch()
     config = _actor_config(llds_coef=0.3, llds_gate=gate, llds_aggregation=aggregation)
     # the exact keyword call veRL's ppo_loss makes
     loss, metrics = verl_llds_policy_loss(
-        old_log_prob=old, log_prob=new, advantages=adv, response_mask=mask,
-        loss_agg_mode="token-mean", config=config, rollout_is_weights=None,
+        old_log_prob=old,
+        log_prob=new,
+        advantages=adv,
+        response_mask=mask,
+        loss_agg_mode="token-mean",
+        config=config,
+        rollout_is_weights=None,
     )
     (grad,) = torch.autograd.grad(loss, new)
     base, penalty = _expected(old, new, adv, mask, coef=0.3, gate=gate, aggregation=aggregation)
@@ -110,8 +129,9 @@ def test_policy_loss_value_and_gradient_match_hand_ppo_plus_llds(gate, aggregati
 
 def test_coef_zero_is_the_base_loss():
     old, new, adv, mask = _batch()
-    loss, _ = verl_llds_policy_loss(old, new, adv, mask, "token-mean",
-                                    _actor_config(llds_coef=0.0), None)
+    loss, _ = verl_llds_policy_loss(
+        old, new, adv, mask, "token-mean", _actor_config(llds_coef=0.0), None
+    )
     base, _ = _expected(old, new, adv, mask, coef=0.0, gate="action", aggregation="token-mean")
     torch.testing.assert_close(loss.detach(), base.detach(), rtol=1e-6, atol=1e-8)
 
@@ -130,8 +150,12 @@ def test_reference_vanilla_matches_hand_ppo_without_batch_info():
 
 def test_settings_defaults_and_validation():
     s = llds_settings(SimpleNamespace(policy_loss={"loss_mode": "llds"}))
-    assert (s.coef, s.gate, s.aggregation, s.base_loss_mode) == (0.2, "action", "token-mean",
-                                                                  "vanilla")
+    assert (s.coef, s.gate, s.aggregation, s.base_loss_mode) == (
+        0.2,
+        "action",
+        "token-mean",
+        "vanilla",
+    )
     with pytest.raises(ConfigError, match=r"policy_loss\.llds_gate"):
         llds_settings({"policy_loss": {"llds_gate": "sentence"}})
     with pytest.raises(ConfigError, match=r"policy_loss\.llds_base_loss_mode"):
@@ -141,8 +165,10 @@ def test_settings_defaults_and_validation():
 
 
 def test_module_imports_without_verl_or_trl():
-    code = ("import sys, llds.integrations, llds.integrations.verl; "
-            "assert 'verl' not in sys.modules and 'trl' not in sys.modules, sorted(sys.modules)")
+    code = (
+        "import sys, llds.integrations, llds.integrations.verl; "
+        "assert 'verl' not in sys.modules and 'trl' not in sys.modules, sorted(sys.modules)"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
@@ -160,9 +186,11 @@ def _verl_actor_config(**overrides):
 
     pl = "actor_rollout_ref.actor.policy_loss"
     args = [
-        f"{pl}._target_={CONFIG_TARGET}", f"{pl}.loss_mode={LOSS_NAME}",
+        f"{pl}._target_={CONFIG_TARGET}",
+        f"{pl}.loss_mode={LOSS_NAME}",
         *[f"+{pl}.{k}={v}" for k, v in overrides.items()],
-        "actor_rollout_ref.actor.strategy=fsdp", "actor_rollout_ref.actor.rollout_n=5",
+        "actor_rollout_ref.actor.strategy=fsdp",
+        "actor_rollout_ref.actor.rollout_n=5",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
         f"actor_rollout_ref.actor.clip_ratio_low={CLIP_LOW}",
         f"actor_rollout_ref.actor.clip_ratio_high={CLIP_HIGH}",
@@ -193,8 +221,13 @@ def test_real_verl_vanilla_equals_reference_vanilla():
     actor.global_batch_info.update(BATCH_INFO)
     old, new, adv, mask = _batch()
     theirs, their_metrics = get_policy_loss_fn("vanilla")(
-        old_log_prob=old, log_prob=new.detach(), advantages=adv, response_mask=mask,
-        loss_agg_mode="token-mean", config=actor, rollout_is_weights=None,
+        old_log_prob=old,
+        log_prob=new.detach(),
+        advantages=adv,
+        response_mask=mask,
+        loss_agg_mode="token-mean",
+        config=actor,
+        rollout_is_weights=None,
     )
     ours, our_metrics = reference_vanilla_loss(old, new.detach(), adv, mask, "token-mean", actor)
     torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-8)
@@ -226,18 +259,28 @@ def test_real_verl_ppo_loss_adds_llds():
         offset += n
     flat.requires_grad_(True)
     data = TensorDict(
-        {"prompts": prompts, "responses": responses, "attention_mask": attention,
-         "response_mask": mask.long(), "old_log_probs": old, "advantages": adv},
+        {
+            "prompts": prompts,
+            "responses": responses,
+            "attention_mask": attention,
+            "response_mask": mask.long(),
+            "old_log_probs": old,
+            "advantages": adv,
+        },
         batch_size=[b],
     )
-    tu.assign_non_tensor(data, dp_size=BATCH_INFO["dp_size"],
-                         batch_num_tokens=BATCH_INFO["batch_num_tokens"],
-                         global_batch_size=BATCH_INFO["global_batch_size"])
+    tu.assign_non_tensor(
+        data,
+        dp_size=BATCH_INFO["dp_size"],
+        batch_num_tokens=BATCH_INFO["batch_num_tokens"],
+        global_batch_size=BATCH_INFO["global_batch_size"],
+    )
     loss, metrics = ppo_loss(actor, {"log_probs": flat}, data)
     (grad,) = torch.autograd.grad(loss, flat)
 
-    base, penalty = _expected(old, new, adv, mask, coef=0.3, gate="action",
-                              aggregation="token-mean")
+    base, penalty = _expected(
+        old, new, adv, mask, coef=0.3, gate="action", aggregation="token-mean"
+    )
     (grad_expected,) = torch.autograd.grad(base + penalty, new)
     torch.testing.assert_close(loss.detach(), (base + penalty).detach(), rtol=1e-5, atol=1e-7)
     offset = 0

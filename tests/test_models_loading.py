@@ -94,7 +94,8 @@ def test_smollm2_converts_once_and_trains(tmp_path: Path, monkeypatch: pytest.Mo
     assert not getattr(model, "is_quantized", False)
     assert getattr(model.config, "quantization_config", None) is None
     assert tok.chat_template and "<|im_start|>" in tok.apply_chat_template(
-        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
 
     model.train()
     assert all(p.requires_grad for p in model.parameters())

@@ -28,8 +28,9 @@ TRAJECTORY = (
 
 @pytest.fixture(scope="module")
 def texts() -> list[str]:
-    world = generate_world(WorldConfig.preset("organism", num_entities=80, num_train=40,
-                                              num_test=10))
+    world = generate_world(
+        WorldConfig.preset("organism", num_entities=80, num_train=40, num_test=10)
+    )
     return [d["contents"] for d in world.corpus] + [ex.question for ex in world.train]
 
 
@@ -40,8 +41,7 @@ def tokenizer(texts):
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
 def test_forward_backward_shapes(arch: str) -> None:
-    model = tiny_causal_lm(97, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
-                           arch=arch)
+    model = tiny_causal_lm(97, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, arch=arch)
     ids = torch.randint(0, 97, (2, 7))
     out = model(input_ids=ids, labels=ids)
     assert out.logits.shape == (2, 7, 97)
@@ -112,12 +112,14 @@ def test_vocab_too_small_is_refused(texts) -> None:
 
 
 def test_tokenizer_for_world_dir(tmp_path: Path) -> None:
-    world = generate_world(WorldConfig.preset("organism", num_entities=60, num_train=20,
-                                              num_test=5))
+    world = generate_world(
+        WorldConfig.preset("organism", num_entities=60, num_train=20, num_test=5)
+    )
     write_world(world, tmp_path)
     tok = tokenizer_for_world(tmp_path, vocab_size=500)
     name = world.entities[0].name
     assert tok.decode(tok(f"<search> capital of {name} </search>")["input_ids"]) == (
-        f"<search> capital of {name} </search>")
+        f"<search> capital of {name} </search>"
+    )
     with pytest.raises(UserInputError, match=r"no corpus\.jsonl"):
         tokenizer_for_world(tmp_path / "nowhere", vocab_size=500)

@@ -78,8 +78,21 @@ def test_relabeled_copies_multiply_the_trajectories_and_loss_on_all(world_dir, t
     runs = {}
     for name, extra in (("plain", []), ("copies", ["--relabel-copies", "2", "--loss-on", "all"])):
         out = tmp_path / name
-        rc = main(["sft", "--world", str(world_dir), *TINY, "--steps", "1", "--batch-size", "2",
-                   *extra, "--out", str(out)])
+        rc = main(
+            [
+                "sft",
+                "--world",
+                str(world_dir),
+                *TINY,
+                "--steps",
+                "1",
+                "--batch-size",
+                "2",
+                *extra,
+                "--out",
+                str(out),
+            ]
+        )
         assert rc == 0
         runs[name] = json.loads((out / "sft_report.json").read_text())
     plain, copies = runs["plain"], runs["copies"]
@@ -96,8 +109,20 @@ def test_relabel_copies_refuse_an_edited_world(world_dir, tmp_path, capsys) -> N
         (edited / f.name).write_bytes(f.read_bytes())
     corpus = edited / "corpus.jsonl"
     corpus.write_text(corpus.read_text().replace("capital", "kapital", 1))
-    rc = main(["sft", "--world", str(edited), *TINY, "--steps", "1", "--relabel-copies", "1",
-               "--out", str(tmp_path / "o")])
+    rc = main(
+        [
+            "sft",
+            "--world",
+            str(edited),
+            *TINY,
+            "--steps",
+            "1",
+            "--relabel-copies",
+            "1",
+            "--out",
+            str(tmp_path / "o"),
+        ]
+    )
     assert rc == 2
     assert "corpus.jsonl: differs from the world" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
@@ -139,7 +164,20 @@ def test_bad_inputs_are_named(world_dir, tmp_path, capsys) -> None:
     assert "not a world folder" in capsys.readouterr().err
     assert main(["sft", "--world", str(world_dir), "--out", str(tmp_path / "z")]) == 2
     assert "--tiny or --model" in capsys.readouterr().err
-    assert main(["sft", "--world", str(world_dir), *TINY, "--early-answer", "1.5",
-                 "--out", str(tmp_path / "w")]) == 2
+    assert (
+        main(
+            [
+                "sft",
+                "--world",
+                str(world_dir),
+                *TINY,
+                "--early-answer",
+                "1.5",
+                "--out",
+                str(tmp_path / "w"),
+            ]
+        )
+        == 2
+    )
     assert "early_answer" in capsys.readouterr().err
     assert not any((tmp_path / d).exists() for d in ("x", "z", "w"))

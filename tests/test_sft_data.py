@@ -149,8 +149,9 @@ def test_max_hops_and_num_examples(world, tokenizer, retriever) -> None:
 def test_early_answers_stop_short_and_answer_the_last_name_read(
     world, tokenizer, retriever
 ) -> None:
-    eps, stats = build_expert_episodes(world.train, retriever, tokenizer, early_answer=0.5,
-                                       think=False)
+    eps, stats = build_expert_episodes(
+        world.train, retriever, tokenizer, early_answer=0.5, think=False
+    )
     by_id = {ex.id: ex for ex in world.train}
     early = [e for e in eps if e.hops < by_id[e.example_id].metadata["hops"]]
     assert stats.early_answers == len(early) and 0 < len(early) < len(eps)
@@ -169,11 +170,13 @@ def test_early_answers_stop_short_and_answer_the_last_name_read(
     full, _ = build_expert_episodes(world.train, retriever, tokenizer, think=False)
     untouched = [e for e in eps if e not in early]
     assert untouched == [f for f in full if f.example_id in {e.example_id for e in untouched}]
-    again, _ = build_expert_episodes(world.train, retriever, tokenizer, early_answer=0.5,
-                                     think=False)
+    again, _ = build_expert_episodes(
+        world.train, retriever, tokenizer, early_answer=0.5, think=False
+    )
     assert again == eps
-    none, none_stats = build_expert_episodes(world.train, retriever, tokenizer, early_answer=0.0,
-                                             think=False)
+    none, none_stats = build_expert_episodes(
+        world.train, retriever, tokenizer, early_answer=0.0, think=False
+    )
     assert none == full and none_stats.early_answers == 0
     with pytest.raises(ValueError, match="early_answer"):
         build_expert_episodes(world.train, retriever, tokenizer, early_answer=1.5)

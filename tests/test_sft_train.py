@@ -85,16 +85,33 @@ def test_loss_on_all_is_plain_language_modelling_of_every_token(setup) -> None:
     batch = episodes[:4]
     model = _model(tok).eval()
     with torch.no_grad():
-        total = sum(float(model(input_ids=torch.tensor([e.input_ids]),
-                                labels=torch.tensor([e.input_ids])).loss) * (len(e) - 1)
-                    for e in batch)
+        total = sum(
+            float(
+                model(
+                    input_ids=torch.tensor([e.input_ids]), labels=torch.tensor([e.input_ids])
+                ).loss
+            )
+            * (len(e) - 1)
+            for e in batch
+        )
     ref = total / sum(len(e) - 1 for e in batch)
-    res = sft_train(_model(tok), tok, batch, lr=1e-3, steps=1, batch_size=4, warmup=0,
-                    micro_batch_tokens=300, progress=False, loss_on="all")
+    res = sft_train(
+        _model(tok),
+        tok,
+        batch,
+        lr=1e-3,
+        steps=1,
+        batch_size=4,
+        warmup=0,
+        micro_batch_tokens=300,
+        progress=False,
+        loss_on="all",
+    )
     assert res.tokens == [sum(len(e) - 1 for e in batch)]
     assert res.losses[0] == pytest.approx(ref, rel=1e-5)
-    actions_only = sft_train(_model(tok), tok, batch, lr=1e-3, steps=1, batch_size=4, warmup=0,
-                             progress=False)
+    actions_only = sft_train(
+        _model(tok), tok, batch, lr=1e-3, steps=1, batch_size=4, warmup=0, progress=False
+    )
     assert actions_only.tokens[0] < res.tokens[0]
     with pytest.raises(ConfigError, match="loss_on"):
         sft_train(_model(tok), tok, batch, steps=1, progress=False, loss_on="observations")

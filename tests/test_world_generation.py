@@ -26,12 +26,14 @@ def words(text: str) -> set[str]:
 def test_same_seed_same_files_different_seed_differs(tmp_path: Path) -> None:
     small = {"num_entities": 60, "num_train": 40, "num_test": 10}
     for name, seed in (("a", 3), ("b", 3), ("c", 4)):
-        write_world(generate_world(WorldConfig.preset("organism", seed=seed, **small)),
-                    tmp_path / name)
+        write_world(
+            generate_world(WorldConfig.preset("organism", seed=seed, **small)), tmp_path / name
+        )
     for file in ("corpus.jsonl", "train.jsonl", "test.jsonl", "world.json"):
         assert (tmp_path / "a" / file).read_bytes() == (tmp_path / "b" / file).read_bytes()
-    assert (tmp_path / "a" / "corpus.jsonl").read_bytes() != (tmp_path / "c" / "corpus.jsonl"
-                                                               ).read_bytes()
+    assert (tmp_path / "a" / "corpus.jsonl").read_bytes() != (
+        tmp_path / "c" / "corpus.jsonl"
+    ).read_bytes()
     assert not list(tmp_path.glob("*/.*.tmp"))  # atomic writes leave no temp files
 
 
@@ -76,7 +78,8 @@ def test_relabeled_world_moves_names_within_type_and_stays_answerable(organism) 
             assert copy.fact_doc[(hop["subject"], hop["relation"])] == hop["doc_id"]
             keyword = RELATIONS[hop["relation"]].keyword
             assert {hop["subject"].lower(), hop["answer"].lower(), keyword} <= words(
-                docs[hop["doc_id"]])
+                docs[hop["doc_id"]]
+            )
     assert len({ex.id for ex in copy.train + copy.test}) == len(copy.train) + len(copy.test)
 
 
@@ -93,8 +96,9 @@ def test_hop_counts_follow_the_mix(organism) -> None:
     # 480 train / 120 test at 0.5 / 0.35 / 0.15, computed by hand
     assert organism.stats()["train_by_hops"] == {"1": 240, "2": 168, "3": 72}
     assert organism.stats()["test_by_hops"] == {"1": 60, "2": 42, "3": 18}
-    odd = generate_world(WorldConfig.preset("organism", num_train=7, num_test=3,
-                                            hop_mix={1: 1, 2: 1}))
+    odd = generate_world(
+        WorldConfig.preset("organism", num_train=7, num_test=3, hop_mix={1: 1, 2: 1})
+    )
     hops = [ex.metadata["hops"] for ex in odd.train]
     assert len(hops) == 7 and sorted(set(hops)) == [1, 2] and abs(hops.count(1) - 3.5) == 0.5
 
@@ -146,15 +150,17 @@ def test_expert_queries_retrieve_gold_with_bm25(organism) -> None:
     retriever = bm25s.BM25()
     retriever.index([sorted(words(d["contents"])) for d in organism.corpus], show_progress=False)
     hops = [h for ex in organism.train + organism.test for h in ex.metadata["chain"]]
-    results, _ = retriever.retrieve([sorted(words(h["query"])) for h in hops], k=3,
-                                    show_progress=False)
+    results, _ = retriever.retrieve(
+        [sorted(words(h["query"])) for h in hops], k=3, show_progress=False
+    )
     hit = sum(h["doc_id"] in {ids[j] for j in row} for row, h in zip(results, hops, strict=True))
     assert hit / len(hops) >= 0.9
 
 
 def test_written_files_load_back_with_the_same_ids(tmp_path: Path) -> None:
-    world = generate_world(WorldConfig.preset("organism", num_entities=60, num_train=30,
-                                              num_test=10))
+    world = generate_world(
+        WorldConfig.preset("organism", num_entities=60, num_train=30, num_test=10)
+    )
     paths = write_world(world, tmp_path)
     loaded = load_flashrag_jsonl(paths["train"])
     assert [ex.id for ex in loaded] == [ex.id for ex in world.train]
@@ -175,9 +181,27 @@ def test_config_errors_name_the_field() -> None:
 
 
 def test_cli_writes_world_and_prints_stats(tmp_path: Path, capsys) -> None:
-    rc = cli_main(["world", "--out", str(tmp_path), "--seed", "1", "--entities", "60",
-                   "--hop-mix", "1:0.6,2:0.4", "--train", "20", "--test", "5",
-                   "--name-similarity", "0.2", "--distractors", "2"])
+    rc = cli_main(
+        [
+            "world",
+            "--out",
+            str(tmp_path),
+            "--seed",
+            "1",
+            "--entities",
+            "60",
+            "--hop-mix",
+            "1:0.6,2:0.4",
+            "--train",
+            "20",
+            "--test",
+            "5",
+            "--name-similarity",
+            "0.2",
+            "--distractors",
+            "2",
+        ]
+    )
     assert rc == 0
     stats = json.loads((tmp_path / "world.json").read_text())["stats"]
     assert stats["train_by_hops"] == {"1": 12, "2": 8}

@@ -11,10 +11,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="runs/demo", help="output directory")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sft-steps", type=int, help="warm-start SFT steps (1200)")
-    p.add_argument("--relabel-copies", type=int,
-                   help="relabeled copies of the world in the warm start (8)")
-    p.add_argument("--early-answer", type=float,
-                   help="share of warm-start trajectories that stop searching early (0.5)")
+    p.add_argument(
+        "--relabel-copies", type=int, help="relabeled copies of the world in the warm start (8)"
+    )
+    p.add_argument(
+        "--early-answer",
+        type=float,
+        help="share of warm-start trajectories that stop searching early (0.5)",
+    )
     p.add_argument("--grpo-steps", type=int, default=50)
     p.add_argument("--eval-questions", type=int, default=120)
     p.add_argument("--skip-train", action="store_true", help="stop after the warm start")

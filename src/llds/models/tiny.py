@@ -39,8 +39,10 @@ def tiny_causal_lm(
     if arch not in ARCHS:
         raise UserInputError(f"arch must be one of {ARCHS}, got {arch!r}")
     if hidden_size % num_heads or num_heads % num_kv_heads:
-        raise UserInputError(f"hidden_size ({hidden_size}) must divide by num_heads ({num_heads}) "
-                             f"and num_heads by num_kv_heads ({num_kv_heads})")
+        raise UserInputError(
+            f"hidden_size ({hidden_size}) must divide by num_heads ({num_heads}) "
+            f"and num_heads by num_kv_heads ({num_kv_heads})"
+        )
     config_cls, model_cls = (
         (Qwen2Config, Qwen2ForCausalLM) if arch == "qwen2" else (LlamaConfig, LlamaForCausalLM)
     )

@@ -101,8 +101,16 @@ class BM25Retriever:
         with atomic_directory(directory) as tmp:
             self._model.save(str(tmp / BM25_SUBDIR), show_progress=False)
             count = save_docs(tmp, (self.docs[i] for i in range(len(self.docs))))
-            write_meta(tmp, self.method, documents=count, k1=self.k1, b=self.b,
-                       variant="lucene", stemmer="english", stopwords="en")
+            write_meta(
+                tmp,
+                self.method,
+                documents=count,
+                k1=self.k1,
+                b=self.b,
+                variant="lucene",
+                stemmer="english",
+                stopwords="en",
+            )
         return Path(directory)
 
     @classmethod

@@ -110,8 +110,13 @@ class HTTPRetriever:
             if attempt:
                 self.retry_count += 1
                 delay = self._delay(attempt - 1)
-                log.warning("retrieval request failed (%s); retry %d/%d in %.2fs",
-                            last, attempt, self.retries, delay)
+                log.warning(
+                    "retrieval request failed (%s); retry %d/%d in %.2fs",
+                    last,
+                    attempt,
+                    self.retries,
+                    delay,
+                )
                 time.sleep(delay)
             try:
                 response = self._client.post(self.url, json=payload)

@@ -92,8 +92,13 @@ def _encode(model: Any, texts: Sequence[str], show_progress: bool, label: str) -
         task = bar.add_task(label, total=len(texts))
         for start in range(0, len(texts), _ENCODE_CHUNK):
             chunk = list(texts[start : start + _ENCODE_CHUNK])
-            emb = model.encode(chunk, batch_size=32, normalize_embeddings=True,
-                               convert_to_numpy=True, show_progress_bar=False)
+            emb = model.encode(
+                chunk,
+                batch_size=32,
+                normalize_embeddings=True,
+                convert_to_numpy=True,
+                show_progress_bar=False,
+            )
             out[start : start + len(chunk)] = emb
             bar.advance(task, len(chunk))
     return out
@@ -148,8 +153,13 @@ class DenseRetriever:
         with atomic_directory(directory) as tmp:
             faiss.write_index(self._index, str(tmp / INDEX_FILE))
             count = save_docs(tmp, (self.docs[i] for i in range(len(self.docs))))
-            write_meta(tmp, self.method, documents=count, model_dir=str(self.model_dir),
-                       dimension=int(self._index.d))
+            write_meta(
+                tmp,
+                self.method,
+                documents=count,
+                model_dir=str(self.model_dir),
+                dimension=int(self._index.d),
+            )
         return Path(directory)
 
     @classmethod

@@ -12,7 +12,10 @@ from llds.retrieval.manifest import is_index_dir, read_meta
 
 
 def build_retriever(
-    passages: Any, *, method: str = "bm25", model_dir: str | None = None,
+    passages: Any,
+    *,
+    method: str = "bm25",
+    model_dir: str | None = None,
     show_progress: bool = True,
 ) -> Retriever:
     """Build an in-process backend over `passages` (an iterable of pairs or corpus dicts)."""
@@ -27,8 +30,9 @@ def build_retriever(
     raise UserInputError(f"unknown retrieval method {method!r}; choose 'bm25' or 'dense'")
 
 
-def load_index(directory: str | os.PathLike[str], *, mmap: bool = True,
-               model_dir: str | None = None) -> Retriever:
+def load_index(
+    directory: str | os.PathLike[str], *, mmap: bool = True, model_dir: str | None = None
+) -> Retriever:
     """Load a saved index of either kind (the kind is read from its `meta.json`)."""
     meta = read_meta(directory)
     if meta["method"] == "bm25":
@@ -63,8 +67,9 @@ def open_retriever(spec: str | os.PathLike[str], **kwargs: Any) -> Retriever:
     raise UserInputError(f"retriever {text!r}: not a URL, an index directory or a corpus file")
 
 
-def corpus_passages(corpus: str | None, *, wiki: bool = False,
-                    wiki_max_words: int | None = None) -> Any:
+def corpus_passages(
+    corpus: str | None, *, wiki: bool = False, wiki_max_words: int | None = None
+) -> Any:
     """Passages from a corpus file, or from the optional Wikipedia summaries package."""
     if wiki:
         from llds.retrieval.wiki import wiki_passages

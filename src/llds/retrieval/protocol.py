@@ -78,18 +78,22 @@ def parse_request(raw: bytes, default_topk: int, limits: Limits) -> RetrieveRequ
         raise _invalid("queries", f"must be a list of strings, got {_type_name(queries)}")
     if len(queries) > limits.max_queries:
         raise RequestError(
-            413, "too_many_queries",
+            413,
+            "too_many_queries",
             f"field 'queries': {len(queries)} queries exceed the limit of {limits.max_queries} "
-            "per request; split the batch", "queries",
+            "per request; split the batch",
+            "queries",
         )
     for i, query in enumerate(queries):
         if not isinstance(query, str):
             raise _invalid(f"queries[{i}]", f"must be a string, got {_type_name(query)}")
         if len(query) > limits.max_query_chars:
             raise RequestError(
-                413, "query_too_long",
+                413,
+                "query_too_long",
                 f"field 'queries[{i}]': {len(query)} characters exceed the limit of "
-                f"{limits.max_query_chars}", f"queries[{i}]",
+                f"{limits.max_query_chars}",
+                f"queries[{i}]",
             )
 
     topk = payload.get("topk")
@@ -112,8 +116,10 @@ def encode_hits(results: Sequence[Sequence[Hit]], return_scores: bool) -> dict[s
     """The response object for per-query hit lists."""
     if return_scores:
         out = [
-            [{"document": {"id": h.id, "contents": h.contents}, "score": float(h.score)}
-             for h in hits]
+            [
+                {"document": {"id": h.id, "contents": h.contents}, "score": float(h.score)}
+                for h in hits
+            ]
             for hits in results
         ]
     else:

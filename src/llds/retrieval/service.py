@@ -75,8 +75,11 @@ def create_app(
         batcher.start()
         yield
         await batcher.stop()  # uvicorn has already let in-flight requests finish
-        print(f"retrieval service stopped after {batcher.stats.requests} requests",
-              file=sys.stderr, flush=True)
+        print(
+            f"retrieval service stopped after {batcher.stats.requests} requests",
+            file=sys.stderr,
+            flush=True,
+        )
 
     app = FastAPI(title="llds retrieval", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.batcher = batcher
@@ -103,31 +106,44 @@ def create_app(
             results = await batcher.search(req.queries, req.topk)
         except Exception as exc:
             log.exception("backend search failed")
-            return _json(
-                {"error": "backend_error", "detail": f"{type(exc).__name__}: {exc}"}, 500
-            )
+            return _json({"error": "backend_error", "detail": f"{type(exc).__name__}: {exc}"}, 500)
         return _json(encode_hits(results, req.return_scores))
 
     @app.get("/health")
     async def health() -> Response:
         stats = batcher.stats
-        return _json({
-            "status": "ok",
-            "documents": len(retriever) if hasattr(retriever, "__len__") else None,
-            "method": getattr(retriever, "method", type(retriever).__name__),
-            "default_topk": default_topk,
-            "limits": {"max_queries": max_queries, "max_query_chars": max_query_chars,
-                       "max_topk": max_topk, "max_body_bytes": max_body_bytes},
-            "served": {"requests": stats.requests, "queries": stats.queries,
-                       "backend_calls": stats.backend_calls,
-                       "largest_batch": stats.largest_batch},
-        })
+        return _json(
+            {
+                "status": "ok",
+                "documents": len(retriever) if hasattr(retriever, "__len__") else None,
+                "method": getattr(retriever, "method", type(retriever).__name__),
+                "default_topk": default_topk,
+                "limits": {
+                    "max_queries": max_queries,
+                    "max_query_chars": max_query_chars,
+                    "max_topk": max_topk,
+                    "max_body_bytes": max_body_bytes,
+                },
+                "served": {
+                    "requests": stats.requests,
+                    "queries": stats.queries,
+                    "backend_calls": stats.backend_calls,
+                    "largest_batch": stats.largest_batch,
+                },
+            }
+        )
 
     return app
 
 
-def serve(app: FastAPI, *, host: str = "127.0.0.1", port: int = 8000,
-          log_level: str = "info", graceful_timeout_s: float = 30.0) -> None:
+def serve(
+    app: FastAPI,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    log_level: str = "info",
+    graceful_timeout_s: float = 30.0,
+) -> None:
     """Run `app` with uvicorn until SIGINT/SIGTERM; in-flight requests finish first."""
     import gc
 
@@ -138,7 +154,12 @@ def serve(app: FastAPI, *, host: str = "127.0.0.1", port: int = 8000,
     gc.collect()
     gc.freeze()
     config = uvicorn.Config(
-        app, host=host, port=port, log_level=log_level, access_log=False,
-        timeout_graceful_shutdown=int(graceful_timeout_s), lifespan="on",
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        access_log=False,
+        timeout_graceful_shutdown=int(graceful_timeout_s),
+        lifespan="on",
     )
     uvicorn.Server(config).run()

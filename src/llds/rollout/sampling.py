@@ -49,9 +49,9 @@ def sample_next_token(
         if len(row_generators) != scores.shape[0]:
             raise ValueError(f"{len(row_generators)} generators for {scores.shape[0]} rows")
         v = scores.shape[-1]
-        u = torch.stack(
-            [torch.rand(v, generator=g, device=g.device) for g in row_generators]
-        ).to(scores.device)
+        u = torch.stack([torch.rand(v, generator=g, device=g.device) for g in row_generators]).to(
+            scores.device
+        )
         gumbel = -torch.log(-torch.log(u.clamp(min=1e-20, max=1.0 - 1e-7)))
         return (scores + gumbel).argmax(dim=-1)
     probs = torch.softmax(scores, dim=-1)

@@ -237,9 +237,11 @@ def expert_actions(example: QAExample, *, think: bool = True, seed: int = 0) -> 
                 )
             )
         final_think = (
-            rng.choice(_FINAL_FROM_CHAIN).format(prev_query=chain[-1]["query"].strip(),
-                                                 answer=answer)
-            if chain else rng.choice(_GUESS).format(answer=answer)
+            rng.choice(_FINAL_FROM_CHAIN).format(
+                prev_query=chain[-1]["query"].strip(), answer=answer
+            )
+            if chain
+            else rng.choice(_GUESS).format(answer=answer)
         )
     for think_text, query in searches:
         if think:
