@@ -11,7 +11,6 @@ from llds.env import (
     format_hits,
     information_block,
     invalid_action_message,
-    search_limit_message,
     truncate_to_tokens,
 )
 from llds.retrieval.base import Hit
@@ -109,9 +108,9 @@ def test_max_tokens_without_tokenizer_is_an_error():
 
 
 def test_messages_are_observations_that_teach_the_tags():
-    for message in (invalid_action_message(), search_limit_message()):
-        assert message.startswith("\n") and message.endswith("\n")
-        assert "<answer>" in message and "</answer>" in message
+    message = invalid_action_message()
+    assert message.startswith("\n") and message.endswith("\n")
+    assert "<answer>" in message and "</answer>" in message
     assert "<search>" in invalid_action_message() and "</search>" in invalid_action_message()
 
 

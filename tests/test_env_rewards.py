@@ -22,7 +22,6 @@ from llds.env import (
     is_valid_sequence,
     normalize_answer,
     score_answer,
-    search_limit_message,
     substring_match,
 )
 from llds.errors import ConfigError, UserInputError
@@ -101,7 +100,6 @@ def test_extract_answer_skips_environment_text():
     assert extract_answer(text + "<think>t</think><answer>Bonn</answer>") == "Bonn"
     # the corrective messages mention the answer tags but are not answers
     assert extract_answer("blah" + invalid_action_message()) is None
-    assert extract_answer("<search>q</search>" + search_limit_message()) is None
 
 
 def test_extract_answer_unicode():

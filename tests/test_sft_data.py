@@ -22,7 +22,6 @@ from llds.retrieval.bm25 import BM25Retriever
 from llds.rollout import RolloutConfig, RolloutEngine, RolloutRequest
 from llds.train.sft_data import (
     EXPERT_PHRASES,
-    build_expert_episode,
     build_expert_episodes,
     early_answer_variant,
     expert_actions,
@@ -233,6 +232,3 @@ def test_real_qa_one_hop_kept_only_when_retrieval_has_gold(tokenizer) -> None:
     assert retriever.calls == [[yes.question, no.question]]  # one batched retriever call
     ep = eps[0]
     assert ep.queries == (yes.question,) and ep.answer == "Paris"
-    assert build_expert_episode(no, retriever, tokenizer) is None
-    single = build_expert_episode(yes, retriever, tokenizer)
-    assert single is not None and single.input_ids == ep.input_ids

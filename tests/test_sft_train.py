@@ -13,12 +13,12 @@ from llds.data.world import WorldConfig, generate_world
 from llds.errors import ConfigError
 from llds.models import load_policy, tiny_causal_lm_for, train_bpe_tokenizer
 from llds.retrieval.bm25 import BM25Retriever
+from llds.train.forward import pack_by_length
 from llds.train.sft import (
     _pad_batch,
     batch_order,
     lr_at,
     masked_token_loss_sum,
-    plan_micro_batches,
     sft_train,
 )
 from llds.train.sft_data import EXPERT_PHRASES, ExpertEpisode, build_expert_episodes
@@ -244,9 +244,10 @@ def test_schedule_and_order_by_hand() -> None:
     assert sorted(i for b in order[:3] for i in b) == list(range(5))
     assert sorted(i for b in order[3:] for i in b) == list(range(5))
     assert order == batch_order(5, 2, 6, seed=3) != batch_order(5, 2, 6, seed=4)
-    assert plan_micro_batches([10, 30, 20], 40) == [[1], [2, 0]]
-    assert plan_micro_batches([10, 30, 20], 20) == [[1], [2], [0]]
-    assert plan_micro_batches([10, 30, 20], 60) == [[1, 2], [0]]
+    rows = range(3)
+    assert pack_by_length([10, 30, 20], rows, 40) == [[1], [2, 0]]
+    assert pack_by_length([10, 30, 20], rows, 20) == [[1], [2], [0]]
+    assert pack_by_length([10, 30, 20], rows, 60) == [[1, 2], [0]]
 
 
 def test_bad_arguments_are_named(setup) -> None:

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
+
+from llds.errors import UserInputError
 
 
 @contextmanager
@@ -30,6 +33,40 @@ def atomic_write(path: str | os.PathLike[str], mode: str = "w", **kwargs: Any) -
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _apply_umask(root: Path) -> None:
+    """Temp files are created private (0600/0700); give the index ordinary permissions."""
+    mask = os.umask(0)
+    os.umask(mask)
+    root.chmod(0o777 & ~mask)
+    for path in root.rglob("*"):
+        path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
+
+
+@contextmanager
+def atomic_directory(target: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temp directory beside `target`; on success it replaces `target` (an old
+    directory is moved aside first and removed last), on failure it is deleted. Used for every
+    directory the project writes whole: indexes, saved models, converted checkpoints."""
+    final = Path(target)
+    if final.exists() and not final.is_dir():
+        raise UserInputError(f"{final}: exists and is not a directory")
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _apply_umask(tmp)
+    old = None
+    if final.exists():
+        old = final.with_name(f".{final.name}.old-{os.getpid()}")
+        os.replace(final, old)
+    os.replace(tmp, final)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def _umask() -> int:

@@ -1,12 +1,11 @@
 """The Search-R1 search protocol as pure functions: tags, action parsing, observations, prompts,
 rewards. The rollout engine, SFT data builder and trainer all speak it through these names."""
 
-from llds.env.actions import Action, first_stop_index, parse_action
+from llds.env.actions import Action, parse_action
 from llds.env.observation import (
     format_hits,
     information_block,
     invalid_action_message,
-    search_limit_message,
     truncate_to_tokens,
 )
 from llds.env.prompts import DEFAULT_INSTRUCTION, PromptTemplate, build_prompt, build_prompt_ids
@@ -59,7 +58,6 @@ __all__ = [
     "extract_answer",
     "f1_score",
     "final_answer",
-    "first_stop_index",
     "format_hits",
     "information_block",
     "invalid_action_message",
@@ -67,7 +65,6 @@ __all__ = [
     "normalize_answer",
     "parse_action",
     "score_answer",
-    "search_limit_message",
     "substring_match",
     "truncate_to_tokens",
 ]

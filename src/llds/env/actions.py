@@ -67,18 +67,3 @@ def parse_action(text: str) -> Action:
             return Action("invalid", "", len(text))
         return Action(kind, content, close_at + len(close))
     return Action("invalid", "", len(text))
-
-
-def first_stop_index(text: str, start: int = 0) -> int | None:
-    """Index just after the first stop string in `text[start:]`, or None when there is none.
-
-    The rollout engine decodes incrementally and cuts the turn here. Pass `start` to skip text
-    already checked; to catch a stop string split across two chunks, start at most
-    `len(longest stop string) - 1` characters before the new chunk.
-    """
-    best: int | None = None
-    for stop in STOP_STRINGS:
-        at = text.find(stop, max(start, 0))
-        if at >= 0 and (best is None or at + len(stop) < best):
-            best = at + len(stop)
-    return best

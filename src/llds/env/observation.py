@@ -83,17 +83,7 @@ _INVALID_ACTION = (
     f"to finish, write {ANSWER_OPEN} your final answer {ANSWER_CLOSE}. Try again.\n\n"
 )
 
-_SEARCH_LIMIT = (
-    "\n\nNo searches are left, so that search was not run. "
-    f"Give your final answer now as {ANSWER_OPEN} answer {ANSWER_CLOSE}.\n\n"
-)
-
 
 def invalid_action_message() -> str:
     """Observation after a turn with neither a complete search nor a complete answer."""
     return _INVALID_ACTION
-
-
-def search_limit_message() -> str:
-    """Observation after a search once the search budget is spent: the model must answer now."""
-    return _SEARCH_LIMIT

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from llds.env.actions import parse_action
-from llds.env.observation import invalid_action_message, search_limit_message
+from llds.env.observation import invalid_action_message
 from llds.env.tags import ANSWER_CLOSE, ANSWER_OPEN, INFO_CLOSE, INFO_OPEN
 from llds.errors import ConfigError, UserInputError
 
@@ -57,8 +57,7 @@ def normalize_answer(s: str) -> str:
 def _model_text(response_text: str) -> str:
     """The response with the environment's text (information blocks, messages) blanked out."""
     text = _INFO_BLOCK.sub("\n", response_text)
-    for message in (invalid_action_message(), search_limit_message()):
-        text = text.replace(message.strip(), "\n")
+    text = text.replace(invalid_action_message().strip(), "\n")
     return text
 
 

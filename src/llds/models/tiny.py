@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from llds.errors import UserInputError
+from llds.io import atomic_directory
 
 ARCHS = ("qwen2", "llama")
 
@@ -83,17 +81,7 @@ def save_tiny(model: Any, tokenizer: Any, directory: str | Path) -> Path:
     a previous save at the same place is replaced only once the new one is complete.
     """
     target = Path(directory)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    old = target.with_name(f".{target.name}.old")
-    try:
+    with atomic_directory(target) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        if target.exists():
-            shutil.rmtree(old, ignore_errors=True)
-            os.rename(target, old)
-        os.rename(tmp, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.rmtree(old, ignore_errors=True)
     return target

@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 
 from llds.errors import UserInputError
-from llds.io import atomic_write
+from llds.io import atomic_directory, atomic_write
 from llds.retrieval.base import Hit
 from llds.retrieval.corpus import ids_and_contents
 from llds.retrieval.docstore import DocStore, MappedDocs, MemoryDocs, save_docs
-from llds.retrieval.manifest import atomic_directory, read_meta, write_meta
+from llds.retrieval.manifest import read_meta, write_meta
 from llds.retrieval.progress import progress_bar
 
 INDEX_FILE = "faiss.index"

@@ -9,10 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -51,35 +47,3 @@ def read_meta(directory: str | os.PathLike[str]) -> dict[str, Any]:
 
 def is_index_dir(path: str | os.PathLike[str]) -> bool:
     return (Path(path) / META_FILE).is_file()
-
-
-def _apply_umask(root: Path) -> None:
-    """Temp files are created private (0600/0700); give the index ordinary permissions."""
-    mask = os.umask(0)
-    os.umask(mask)
-    root.chmod(0o777 & ~mask)
-    for path in root.rglob("*"):
-        path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
-
-
-@contextmanager
-def atomic_directory(target: str | os.PathLike[str]) -> Iterator[Path]:
-    """Yield a temp directory; on success it replaces `target` (an old index is removed last)."""
-    final = Path(target)
-    if final.exists() and not final.is_dir():
-        raise UserInputError(f"{final}: exists and is not a directory")
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
-    try:
-        yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    _apply_umask(tmp)
-    old = None
-    if final.exists():
-        old = final.with_name(f".{final.name}.old-{os.getpid()}")
-        os.replace(final, old)
-    os.replace(tmp, final)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)

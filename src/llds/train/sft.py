@@ -125,11 +125,6 @@ def masked_token_loss_sum(
     return F.cross_entropy(logits.float(), labels, reduction="sum"), count
 
 
-def plan_micro_batches(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
-    """Split row indices so each micro-batch's rows x padded width stays within `token_budget`."""
-    return pack_by_length(lengths, range(len(lengths)), token_budget)
-
-
 def batch_order(n: int, batch_size: int, steps: int, seed: int) -> list[list[int]]:
     """Episode indices for each step: a fresh seeded shuffle every epoch, batches cut in order.
 
@@ -304,7 +299,8 @@ def sft_train(
                 n_tokens = sum(sum(_loss_mask(e, loss_on)[1:]) for e in batch)
                 optimizer.zero_grad(set_to_none=True)
                 loss_sum = 0.0
-                for micro in plan_micro_batches([len(e) for e in batch], micro_batch_tokens):
+                lengths = [len(e) for e in batch]
+                for micro in pack_by_length(lengths, range(len(batch)), micro_batch_tokens):
                     ids, attn, mask = _pad_batch([batch[i] for i in micro], pad_id, loss_on)
                     part, _ = masked_token_loss_sum(
                         model, ids.to(device), attn.to(device), mask.to(device)

@@ -329,39 +329,6 @@ def assemble_episode(
     )
 
 
-def build_expert_episode(
-    example: QAExample,
-    retriever: Retriever,
-    tokenizer: Any,
-    *,
-    template: PromptTemplate | str | None = None,
-    chat: bool | None = None,
-    topk: int = 3,
-    max_obs_tokens: int = 500,
-    think: bool = True,
-    seed: int = 0,
-) -> ExpertEpisode | None:
-    """The expert trajectory for one example, with real retrieval results as observations.
-
-    Returns None for a chain-less (real QA) example whose retrieved passages contain no gold
-    answer; world examples with a chain are always built.
-    """
-    queries = expert_queries(example)
-    hits = retriever.search(queries, topk)
-    if _chain(example) is None and not retrieval_contains_gold(hits[0], example.answers):
-        return None
-    return assemble_episode(
-        example,
-        hits,
-        tokenizer,
-        template=template,
-        chat=chat,
-        max_obs_tokens=max_obs_tokens,
-        think=think,
-        seed=seed,
-    )
-
-
 def build_expert_episodes(
     examples: Sequence[QAExample],
     retriever: Retriever,
