@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from llds.cli import main
+from llds.env.protocol import Protocol
 from llds.models import load_policy
 
 
@@ -72,6 +73,10 @@ def test_cli_trains_and_writes_loadable_model(world_dir, tmp_path, capsys) -> No
     assert report["eval"]["overall"]["n"] == 2
     rows = (out / "sft_metrics.jsonl").read_text().strip().split("\n")
     assert len(rows) == 3
+    # the protocol it was trained with is saved beside the weights
+    proto = Protocol.read(out / "model")
+    assert proto is not None and proto.topk == 3 and proto.max_turns == 4
+    assert proto.prompt_template is None  # the default instruction
 
 
 def test_relabeled_copies_multiply_the_trajectories_and_loss_on_all(world_dir, tmp_path) -> None:

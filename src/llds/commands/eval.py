@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from llds.commands._protocol import add_protocol_arguments, resolve_protocol
+
 HELP = "evaluate a model (greedy) on QA data: per-source EM/F1/sub-EM and valid searches"
 
 
@@ -13,15 +15,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--data", required=True, nargs="+", help=".parquet / .jsonl files or trivia:LISTS"
     )
     p.add_argument("--retriever", required=True, help="corpus .jsonl, index directory or http URL")
-    p.add_argument("--max-turns", type=int, default=4)
-    p.add_argument("--topk", type=int, default=3)
     p.add_argument("--limit", type=int, default=None, help="at most N examples per data file")
-    p.add_argument("--max-turn-tokens", type=int, default=500)
-    p.add_argument("--max-obs-tokens", type=int, default=500)
-    p.add_argument("--max-total-tokens", type=int, default=4096)
     p.add_argument("--batch-rows", type=int, default=64, help="rollouts generated concurrently")
-    p.add_argument("--chat", choices=["auto", "yes", "no"], default="auto")
-    p.add_argument("--template", default=None, help="prompt template file containing {question}")
+    add_protocol_arguments(p)
     p.add_argument("--out", default=None, help="write results JSON here (default: print only)")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--device", default="auto")
@@ -40,18 +36,18 @@ def run(args: argparse.Namespace) -> int:
     model, tok = load_model(ModelConfig(path=args.model, dtype=args.dtype, device=args.device))
     examples = load_many(args.data, limit=args.limit)
     retriever = open_retriever(args.retriever)
+    proto = resolve_protocol(args)
     cfg = RolloutConfig(
-        max_turns=args.max_turns,
-        topk=args.topk,
-        max_turn_tokens=args.max_turn_tokens,
-        max_obs_tokens=args.max_obs_tokens,
-        max_total_tokens=args.max_total_tokens,
+        max_turns=proto.max_turns,
+        topk=proto.topk,
+        max_turn_tokens=proto.max_turn_tokens,
+        max_obs_tokens=proto.max_obs_tokens,
+        max_total_tokens=proto.max_total_tokens,
         max_rows=args.batch_rows,
         temperature=0.0,
     )
-    chat = {"auto": None, "yes": True, "no": False}[args.chat]
-    template = PromptTemplate.from_file(args.template) if args.template else None
-    results = evaluate(model, tok, retriever, examples, cfg, template=template, chat=chat)
+    template = None if proto.prompt_template is None else PromptTemplate(proto.prompt_template)
+    results = evaluate(model, tok, retriever, examples, cfg, template=template, chat=proto.chat)
     print(results_table(results))
     if args.out:
         write_json(args.out, results)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from llds.commands._protocol import add_protocol_arguments, resolve_protocol
+
 HELP = (
     "one GRPO step per question from the same weights: did its correct responses lose likelihood?"
 )
@@ -22,11 +24,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--lr", type=float, default=1e-6)
     p.add_argument("--optimizer", choices=["adam", "sgd"], default="adam")
-    p.add_argument("--max-turns", type=int, default=3)
-    p.add_argument("--max-turn-tokens", type=int, default=500)
-    p.add_argument("--max-total-tokens", type=int, default=4096)
     p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--template", default=None, help="prompt template file containing {question}")
+    add_protocol_arguments(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto")
 
@@ -45,14 +44,17 @@ def run(args: argparse.Namespace) -> int:
 
     model, tok = load_model(ModelConfig(path=args.model, device=args.device))
     examples = load_many(args.data, limit=args.limit)
+    proto = resolve_protocol(args)
     cfg = RolloutConfig(
         group_size=args.group_size,
-        max_turns=args.max_turns,
-        max_turn_tokens=args.max_turn_tokens,
-        max_total_tokens=args.max_total_tokens,
+        max_turns=proto.max_turns,
+        topk=proto.topk,
+        max_turn_tokens=proto.max_turn_tokens,
+        max_obs_tokens=proto.max_obs_tokens,
+        max_total_tokens=proto.max_total_tokens,
         temperature=args.temperature,
     )
-    template = PromptTemplate.from_file(args.template) if args.template else None
+    template = None if proto.prompt_template is None else PromptTemplate(proto.prompt_template)
     results = run_probe(
         model,
         tok,
@@ -64,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
         optimizer=args.optimizer,
         seed=args.seed,
         template=template,
+        chat=proto.chat,
     )
     out = Path(args.out)
     summary = summarize(results)

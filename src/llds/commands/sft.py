@@ -355,6 +355,16 @@ def run(args: argparse.Namespace) -> int:
         "final_loss": result.final_loss,
         "sft_wall_s": round(result.wall_s, 2),
     }
+    from llds.env.protocol import Protocol
+
+    # what `llds eval` / `llds train` need to talk to this model as SFT taught it
+    Protocol(
+        prompt_template=None if template is None else template.text,
+        chat=opts["chat"],
+        topk=opts["topk"],
+        max_turns=opts["eval_max_turns"],
+        max_obs_tokens=opts["max_obs_tokens"],
+    ).write(result.model_dir)
     print(
         f"SFT loss {result.initial_loss:.3f} -> {result.final_loss:.3f} in {result.steps} "
         f"steps ({result.wall_s:.0f} s)"

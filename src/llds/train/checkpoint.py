@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from llds.env.protocol import Protocol
 from llds.io import atomic_write
 
 LATEST = "latest"
@@ -60,6 +61,7 @@ def write_checkpoint_files(
     trainer_state: dict[str, Any],
     grad_scaler: torch.amp.GradScaler | None = None,
     state_dict: dict[str, torch.Tensor] | None = None,
+    protocol: Protocol | None = None,
 ) -> None:
     """The HF model directory (float32 master weights; `state_dict` when the live model is
     sharded), the optimizer/scheduler/RNG blobs and the trainer state, into `tmp`.
@@ -69,6 +71,8 @@ def write_checkpoint_files(
     hf_logging.disable_progress_bar()  # one progress line per checkpoint is noise in the run log
     model.save_pretrained(tmp / "model", safe_serialization=True, state_dict=state_dict)
     tokenizer.save_pretrained(tmp / "model")
+    if protocol is not None:
+        protocol.write(tmp / "model")
     blobs: dict[str, Any] = {"scheduler": scheduler.state_dict(), "rng": rng_state()}
     if optimizer is not None:
         blobs["optimizer"] = optimizer.state_dict()
@@ -101,6 +105,7 @@ def save_checkpoint(
     trainer_state: dict[str, Any],
     keep: int = 2,
     grad_scaler: torch.amp.GradScaler | None = None,
+    protocol: Protocol | None = None,
 ) -> Path:
     """Write `ckpt_root/step_XXXXXX` atomically (single process, unsharded model)."""
     tmp = stage_checkpoint(ckpt_root, step)
@@ -112,6 +117,7 @@ def save_checkpoint(
         scheduler=scheduler,
         trainer_state=trainer_state,
         grad_scaler=grad_scaler,
+        protocol=protocol,
     )
     return publish_checkpoint(ckpt_root, step, tmp, keep)
 

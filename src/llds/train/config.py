@@ -245,6 +245,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     data: dict[str, Any] = read_yaml(path) if path else {}
     if overrides:
         data = deep_merge(data, parse_overrides(overrides))
+    if isinstance(data.get("rollout"), dict) and "topk" in data["rollout"]:
+        raise ConfigError("rollout.topk: set retriever.topk instead (passages per search)")
     cfg = from_dict(TrainConfig, data)
+    cfg.rollout.topk = cfg.retriever.topk  # one top-k: what --print-config shows is what runs
     cfg.validate()
     return cfg

@@ -9,6 +9,7 @@ diagnostics -> metrics -> periodic atomic checkpoint.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -38,6 +39,7 @@ from llds.diagnostics.likelihood import (
     shared_first_search_share,
 )
 from llds.env.prompts import PromptTemplate, build_prompt_ids
+from llds.env.protocol import Protocol
 from llds.env.rewards import FormatRewardConfig
 from llds.errors import ConfigError, UserInputError
 from llds.rollout import RolloutBatch, RolloutEngine, RolloutRequest
@@ -166,10 +168,19 @@ class GRPOTrainer:
         self._prompt_cache: dict[str, list[int]] = {}
 
         fmt = FormatRewardConfig(enabled=True) if cfg.algo.format_reward else None
-        rollout_cfg = cfg.rollout
-        rollout_cfg.topk = cfg.retriever.topk
+        rollout_cfg = dataclasses.replace(cfg.rollout, topk=cfg.retriever.topk)  # one top-k
         self.engine = RolloutEngine(
             self.rollout_model, tokenizer, retriever, rollout_cfg, format_reward=fmt
+        )
+        # saved beside every checkpoint's weights, so that `llds eval` talks to it the same way
+        self.protocol = Protocol(
+            prompt_template=None if cfg.data.prompt_template is None else self.template.text,
+            chat=cfg.model.chat,
+            topk=cfg.retriever.topk,
+            max_turns=cfg.eval_max_turns,
+            max_turn_tokens=cfg.rollout.max_turn_tokens,
+            max_obs_tokens=cfg.rollout.max_obs_tokens,
+            max_total_tokens=cfg.rollout.max_total_tokens,
         )
         self.evaluator = self._periodic_evaluator(eval_examples)
 
@@ -756,6 +767,7 @@ class GRPOTrainer:
                 grad_scaler=self.scaler,
                 trainer_state=state,
                 keep=self.cfg.keep_checkpoints,
+                protocol=self.protocol,
             )
             self.dist.barrier()
             return path
@@ -775,6 +787,7 @@ class GRPOTrainer:
                 scheduler=self.scheduler,
                 trainer_state=state,
                 state_dict=full,
+                protocol=self.protocol,
             )
             path = publish_checkpoint(self.ckpt_root, self.step, tmp, self.cfg.keep_checkpoints)
         self.dist.barrier()

@@ -1,0 +1,111 @@
+"""A trained model remembers its protocol: training writes it beside the weights, `llds eval`
+and `llds probe` read it for their defaults and every flag overrides it; one top-k."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+import yaml
+
+from conftest import TRAIN_BASE, make_tiny_model
+from llds.cli import main
+from llds.commands._protocol import add_protocol_arguments, resolve_protocol
+from llds.env.protocol import PROTOCOL_FILE, Protocol
+from llds.errors import ConfigError, DataFormatError
+from llds.train.config import load_config
+from llds.train.trainer import GRPOTrainer
+
+
+def _args(model_dir, *flags: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    p.add_argument("--model")
+    add_protocol_arguments(p)
+    return p.parse_args(["--model", str(model_dir), *flags])
+
+
+def test_round_trip_and_bad_files_are_named(tmp_path):
+    proto = Protocol(prompt_template="Q: {question}\n", chat=False, topk=2, max_turns=3)
+    proto.write(tmp_path)
+    assert Protocol.read(tmp_path) == proto
+    assert Protocol.read(tmp_path / "nothing-here") is None
+    (tmp_path / PROTOCOL_FILE).write_text('{"topk": 2, "top_k": 3}')
+    with pytest.raises(DataFormatError, match=r"llds_protocol\.json: unknown key\(s\) \['top_k'\]"):
+        Protocol.read(tmp_path)
+    (tmp_path / PROTOCOL_FILE).write_text("{not json")
+    with pytest.raises(DataFormatError, match=r"llds_protocol\.json: not a readable"):
+        Protocol.read(tmp_path)
+
+
+def test_saved_protocol_is_the_default_and_flags_override(tmp_path, capsys):
+    Protocol(prompt_template="Q: {question}\n", chat=False, topk=2, max_turns=3).write(tmp_path)
+    got = resolve_protocol(_args(tmp_path))
+    assert (got.prompt_template, got.chat, got.topk, got.max_turns) == (
+        "Q: {question}\n",
+        False,
+        2,
+        3,
+    )
+    assert "llds_protocol.json" in capsys.readouterr().out
+    template = tmp_path / "t.txt"
+    template.write_text("Question: {question}\nAnswer:")
+    got = resolve_protocol(
+        _args(tmp_path, "--topk", "5", "--chat", "auto", "--template", str(template))
+    )
+    assert (got.topk, got.chat, got.max_turns) == (5, None, 3)
+    assert got.prompt_template == "Question: {question}\nAnswer:"
+    assert resolve_protocol(_args(tmp_path / "hub-id-like")) == Protocol()  # nothing saved
+
+
+def test_one_top_k(tmp_path):
+    base = [*TRAIN_BASE, "retriever.topk=2"]
+    cfg = load_config(None, base)
+    assert cfg.rollout.topk == 2  # what --print-config shows is what runs
+    with pytest.raises(ConfigError, match=r"rollout\.topk: set retriever\.topk"):
+        load_config(None, [*base, "rollout.topk=3"])
+
+
+def test_checkpoints_carry_the_training_protocol(
+    tmp_path, small_world, world_tokenizer, world_retriever
+):
+    cfg = load_config(
+        None,
+        [
+            *TRAIN_BASE,
+            f"run_dir={tmp_path}",
+            "steps=1",
+            "save_every=1",
+            "retriever.topk=2",
+            "eval_max_turns=2",
+            "model.chat=false",
+        ],
+    )
+    tr = GRPOTrainer(
+        cfg,
+        model=make_tiny_model(world_tokenizer),
+        tokenizer=world_tokenizer,
+        retriever=world_retriever,
+        train_examples=small_world.train,
+        resume=False,
+    )
+    tr.train()
+    assert cfg.rollout.topk == 2 and tr.engine.config.topk == 2
+    saved = Protocol.read(tmp_path / "checkpoints" / "step_000001" / "model")
+    assert saved == Protocol(
+        prompt_template="Question: {question}\n",
+        chat=False,
+        topk=2,
+        max_turns=2,
+        max_turn_tokens=cfg.rollout.max_turn_tokens,
+        max_obs_tokens=cfg.rollout.max_obs_tokens,
+        max_total_tokens=cfg.rollout.max_total_tokens,
+    )
+
+
+def test_print_config_shows_the_one_top_k(capsys):
+    rc = main(["train", "--print-config", *TRAIN_BASE, "retriever.topk=2"])
+    assert rc == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["rollout"]["topk"] == printed["retriever"]["topk"] == 2
+    json.dumps(printed)
