@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -34,6 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine
 from llds.diagnostics.alarms import scan_alarms
 from llds.diagnostics.plots import moving_average
+from llds.train.background import start_run
+from llds.train.config import TrainConfig, load_config
 from llds.train.tracking import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,55 +57,44 @@ def run_dir(out: Path, arm: str, seed: int) -> Path:
     return out / arm.replace("/", "_").replace("+", "_") / f"seed{seed}"
 
 
-def command(demo: Path, out: Path, arm: str, seed: int) -> list[str]:
+def arm_config(demo: Path, out: Path, arm: str, seed: int) -> TrainConfig:
+    """The run of `arm` for `seed`: its preset plus the study's paths and seed."""
     config, extra = ARMS[arm]
-    return [
-        sys.executable,
-        "-m",
-        "llds.cli",
-        "train",
-        "--config",
+    return load_config(
         config,
-        f"run_dir={run_dir(out, arm, seed)}",
-        f"seed={seed}",
-        f"model.path={demo / 'sft' / 'model'}",
-        f"data.train={demo / 'world' / 'train.jsonl'}",
-        f"data.eval={demo / 'world' / 'test.jsonl'}",
-        f"retriever.source={demo / 'world' / 'corpus.jsonl'}",
-        "logging.progress=false",
-        *extra,
-    ]
+        [
+            f"run_dir={run_dir(out, arm, seed)}",
+            f"seed={seed}",
+            f"model.path={demo / 'sft' / 'model'}",
+            f"data.train={demo / 'world' / 'train.jsonl'}",
+            f"data.eval={demo / 'world' / 'test.jsonl'}",
+            f"retriever.source={demo / 'world' / 'corpus.jsonl'}",
+            "logging.progress=false",
+            *extra,
+        ],
+    )
 
 
 def run_all(
     demo: Path, out: Path, arms: Sequence[str], seeds: Sequence[int], parallel: int
 ) -> None:
-    """Every (arm, seed) as its own `llds train` process, `parallel` at a time, 1 thread each."""
+    """Every (arm, seed) as its own training process, `parallel` at a time, 1 thread each."""
     jobs = [(arm, s) for s in seeds for arm in arms]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    running: list[tuple[subprocess.Popen, Any]] = []
+    running: list[tuple[Any, Path]] = []
     while jobs or running:
         while jobs and len(running) < parallel:
             arm, seed = jobs.pop(0)
             target = run_dir(out, arm, seed)
-            target.mkdir(parents=True, exist_ok=True)
-            log = (target / "train.log").open("w")
             print(f"start {arm} seed {seed} -> {target}", flush=True)
-            running.append(
-                (
-                    subprocess.Popen(
-                        command(demo, out, arm, seed), stdout=log, stderr=subprocess.STDOUT, env=env
-                    ),
-                    log,
-                )
-            )
+            proc = start_run(arm_config(demo, out, arm, seed), target / "train.log")
+            running.append((proc, target / "train.log"))
         time.sleep(2)
         for proc, log in list(running):
-            if proc.poll() is not None:
-                log.close()
+            if not proc.is_alive():
+                proc.join()
                 running.remove((proc, log))
-                if proc.returncode:
-                    raise SystemExit(f"a run failed (exit {proc.returncode}); see {log.name}")
+                if proc.exitcode:
+                    raise SystemExit(f"a run failed (exit {proc.exitcode}); see {log}")
 
 
 def summarize_run(path: Path) -> dict[str, Any]:

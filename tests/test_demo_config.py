@@ -3,21 +3,29 @@
 import json
 from pathlib import Path
 
-import yaml
-
-from llds.demo import DemoConfig, training_config, warm_start
+from llds.demo import DemoConfig, sft_config, training_config, warm_start
+from llds.sft import load_sft_config
 from llds.train.config import load_config
 
 
-def test_demo_configs_validate(tmp_path):
+def test_demo_configs_are_the_organism_preset_plus_overrides(tmp_path):
+    organism = load_config("organism")
     for llds in (True, False):
-        conf = training_config(tmp_path / "run", tmp_path, llds=llds, steps=3, seed=1)
-        path = tmp_path / f"c{llds}.yaml"
-        path.write_text(yaml.safe_dump(conf))
-        cfg = load_config(path)
+        cfg = training_config(tmp_path / "run", tmp_path, llds=llds, steps=3, seed=1)
         assert cfg.algo.llds.enabled is llds
         assert cfg.llds_can_act  # more than one optimizer step per rollout batch
         assert cfg.model.path == str(tmp_path / "sft" / "model")
+        assert (cfg.steps, cfg.seed, cfg.eval_every, cfg.save_every) == (3, 1, 0, 10)
+        assert cfg.rollout == organism.rollout and cfg.optim == organism.optim
+        assert cfg.algo.llds.coef == organism.algo.llds.coef
+
+
+def test_demo_warm_start_is_the_sft_demo_preset(tmp_path):
+    cfg = sft_config(DemoConfig(layers=1), tmp_path)
+    preset = load_sft_config("sft-demo", {"out": "x"})
+    assert cfg.layers == 1 and preset.layers == 2  # a demo knob overrides the preset
+    assert (cfg.steps, cfg.loss_on, cfg.name_tokens, cfg.think) == (1200, "all", True, False)
+    assert cfg.world == str(tmp_path / "world") and cfg.out == str(tmp_path / "sft")
 
 
 def test_shipped_presets_validate():
@@ -58,6 +66,6 @@ def test_warm_start_trains_on_the_world_and_its_relabeled_copies(tmp_path):
     assert report["data"]["considered"] == 2 * world["stats"]["train"]  # world + one copy
     assert report["options"]["loss_on"] == "all" and report["options"]["name_tokens"] is True
     # the hasty demonstrator: some trajectories stop early, in the world and in the copy
-    assert report["options"]["early_answer"] == cfg.early_answer > 0
+    assert report["options"]["early_answer"] == 0.5
     assert 0 < report["data"]["early_answers"] < report["data"]["kept"]
     assert (tmp_path / "sft" / "model" / "config.json").is_file()

@@ -164,11 +164,12 @@ def test_bad_inputs_are_named(world_dir, tmp_path, capsys) -> None:
         )
         == 2
     )
-    assert "stepz" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "stepz" in err and "bad.yaml" in err
     assert main(["sft", "--world", str(tmp_path), *TINY, "--out", str(tmp_path / "y")]) == 2
     assert "not a world folder" in capsys.readouterr().err
     assert main(["sft", "--world", str(world_dir), "--out", str(tmp_path / "z")]) == 2
-    assert "--tiny or --model" in capsys.readouterr().err
+    assert "tiny (--tiny) or model (--model PATH)" in capsys.readouterr().err
     assert (
         main(
             [

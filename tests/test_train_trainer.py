@@ -359,3 +359,25 @@ def test_context_capped_rollouts_are_counted(
     capped = sum(e.context_capped for e in batches[0].episodes)
     assert capped > 0
     assert row["rollout/context_capped"] == capped
+
+
+@pytest.mark.slow
+def test_background_runs_are_library_calls(tmp_path, small_world, world_tokenizer):
+    """`start_run`: two runs side by side in spawned processes equal the same run in this one."""
+    from llds.train.background import start_run
+
+    cfg_path = write_run_inputs(tmp_path, small_world, world_tokenizer, steps=2, save_every=2)
+    procs = [
+        start_run(load_config(cfg_path, [f"run_dir={tmp_path / name}"]), tmp_path / f"{name}.log")
+        for name in ("a", "b")
+    ]
+    for p in procs:
+        p.join(timeout=300)
+        assert p.exitcode == 0, (tmp_path / f"{p.name}.log").read_text()[-2000:]
+    here = GRPOTrainer(load_config(cfg_path, [f"run_dir={tmp_path / 'here'}"]), resume=False)
+    rows = here.train()
+    for name in ("a", "b"):
+        logged = read_metrics(tmp_path / name)
+        assert [r["step"] for r in logged] == [1, 2]
+        assert logged[-1]["reward/mean"] == rows[-1]["reward/mean"]
+        assert logged[-1]["policy/pg_loss"] == pytest.approx(rows[-1]["policy/pg_loss"], abs=1e-6)

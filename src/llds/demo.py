@@ -15,65 +15,74 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import yaml
+if TYPE_CHECKING:
+    from llds.sft import SFTConfig
+    from llds.train.config import TrainConfig
 
 TEMPLATE = "Question: {question}\n"
 
 
 @dataclass
 class DemoConfig:
+    """The demo's knobs; None takes the value of the `sft-demo` / `organism` presets."""
+
     out: str = "runs/demo"
     seed: int = 0
-    relabel_copies: int = 8
-    early_answer: float = 0.5
-    sft_steps: int = 1200
-    sft_lr: float = 3e-3
-    hidden: int = 128
-    layers: int = 2
+    relabel_copies: int | None = None
+    early_answer: float | None = None
+    sft_steps: int | None = None
+    hidden: int | None = None
+    layers: int | None = None
     grpo_steps: int = 50
     eval_questions: int = 120
     skip_train: bool = False
 
 
-def training_config(
-    run_dir: Path, out: Path, *, llds: bool, steps: int, seed: int
-) -> dict[str, Any]:
-    """The organism GRPO config (same as the organism preset, paths filled in)."""
-    return {
-        "run_dir": str(run_dir),
-        "seed": seed,
-        "steps": steps,
-        "prompts_per_step": 8,
-        "save_every": 10,
-        "threads": 1,
-        "model": {"path": str(out / "sft" / "model")},
-        "data": {"train": str(out / "world" / "train.jsonl"), "prompt_template": TEMPLATE},
-        "retriever": {"source": str(out / "world" / "corpus.jsonl"), "topk": 2},
-        "rollout": {
-            "group_size": 5,
-            "max_turns": 3,
-            "max_turn_tokens": 48,
-            "max_obs_tokens": 120,
-            "max_total_tokens": 768,
-            "temperature": 1.0,
-        },
-        "algo": {
-            "kl_coef": 0.001,
-            "kl_kind": "low_var_kl",
-            "clip_low": 0.2,
-            "llds": {"enabled": llds, "coef": 0.2, "gate": "action"},
-        },
-        "optim": {"lr": 2.0e-4, "mini_batches": 4, "warmup_steps": 2},
-        "logging": {"tensorboard": True, "progress": False},
-        "diagnostics": {"on_alarm": "warn"},
+def sft_config(cfg: DemoConfig, out: Path) -> SFTConfig:
+    """The warm start: the `sft-demo` preset with this demo's world, output and overrides."""
+    from llds.sft import load_sft_config
+
+    given = {
+        "world": str(out / "world"),
+        "out": str(out / "sft"),
+        "prompt_template": str(out / "prompt.txt"),
+        "seed": cfg.seed,
+        "threads": min(2, os.cpu_count() or 1),
+        "relabel_copies": cfg.relabel_copies,
+        "early_answer": cfg.early_answer,
+        "steps": cfg.sft_steps,
+        "hidden": cfg.hidden,
+        "layers": cfg.layers,
     }
+    return load_sft_config("sft-demo", {k: v for k, v in given.items() if v is not None})
+
+
+def training_config(run_dir: Path, out: Path, *, llds: bool, steps: int, seed: int) -> TrainConfig:
+    """A GRPO run of the demo: the `organism` preset with this demo's paths, length and seed,
+    checkpoints every 10 steps and no periodic evaluation (the demo evaluates at the end)."""
+    from llds.train.config import load_config
+
+    return load_config(
+        "organism",
+        [
+            f"run_dir={run_dir}",
+            f"seed={seed}",
+            f"steps={steps}",
+            "save_every=10",
+            "eval_every=0",
+            "logging.progress=false",
+            f"model.path={out / 'sft' / 'model'}",
+            f"data.train={out / 'world' / 'train.jsonl'}",
+            f"data.eval={out / 'world' / 'test.jsonl'}",
+            f"retriever.source={out / 'world' / 'corpus.jsonl'}",
+            f"algo.llds.enabled={'true' if llds else 'false'}",
+        ],
+    )
 
 
 def _rollout_cfg():
@@ -90,71 +99,18 @@ def _rollout_cfg():
 
 
 def warm_start(cfg: DemoConfig, out: Path, console) -> None:
-    """The target world, then `llds sft` on it and on relabeled copies of it (see `sft_args`)."""
-    from llds.cli import main as cli_main
+    """The target world, then the warm start on it and on relabeled copies of it."""
+    from llds import sft
     from llds.data.world import WorldConfig, generate_world, write_world
 
     write_world(generate_world(WorldConfig.preset("organism", seed=cfg.seed)), out / "world")
     (out / "prompt.txt").write_text(TEMPLATE, encoding="utf-8")
+    sft_cfg = sft_config(cfg, out)
     console.print(
-        f"[bold]warm start[/]: expert trajectories on the world and {cfg.relabel_copies} "
+        f"[bold]warm start[/]: expert trajectories on the world and {sft_cfg.relabel_copies} "
         "relabeled copies (names moved to other facts), loss on every token"
     )
-    if cli_main(sft_args(cfg, out)) != 0:
-        raise RuntimeError(f"warm start failed; see the messages above ({out / 'sft'})")
-
-
-def sft_args(cfg: DemoConfig, out: Path) -> list[str]:
-    """The `llds sft` command line of the demo's warm start.
-
-    Why this recipe: trained on its own world, a tiny model memorizes which names go with which
-    relation and answers from memory; relabeled copies put the same names on other facts, so only
-    copying names from the question and the passages works on all of them. Loss on every token
-    (passages too) grows that copying; one token per entity name makes a copy a single step.
-    `early_answer` makes the demonstrator hasty in that share of trajectories (see
-    `llds.train.sft_data.early_answer_variant`): the start then knows how to search but often
-    does not, and RL has a general decision to improve, not only facts to memorize.
-    """
-    return [
-        "sft",
-        "--world",
-        str(out / "world"),
-        "--tiny",
-        "--tokenizer-vocab",
-        "700",
-        "--name-tokens",
-        "--hidden",
-        str(cfg.hidden),
-        "--layers",
-        str(cfg.layers),
-        "--relabel-copies",
-        str(cfg.relabel_copies),
-        "--early-answer",
-        str(cfg.early_answer),
-        "--loss-on",
-        "all",
-        "--no-think",
-        "--topk",
-        "2",
-        "--max-obs-tokens",
-        "120",
-        "--prompt-template",
-        str(out / "prompt.txt"),
-        "--steps",
-        str(cfg.sft_steps),
-        "--lr",
-        str(cfg.sft_lr),
-        "--batch-size",
-        "16",
-        "--warmup",
-        "20",
-        "--seed",
-        str(cfg.seed),
-        "--threads",
-        str(min(2, os.cpu_count() or 1)),
-        "--out",
-        str(out / "sft"),
-    ]
+    sft.run(sft_cfg)
 
 
 def evaluate_model(model_dir: Path, out: Path, result_path: Path, n: int) -> dict[str, Any]:
@@ -173,37 +129,24 @@ def evaluate_model(model_dir: Path, out: Path, result_path: Path, n: int) -> dic
 
 
 def train_side_by_side(cfg: DemoConfig, out: Path, console) -> dict[str, Path]:
-    """Two `llds train` processes at once (one thread each), one progress bar per run."""
+    """Both GRPO runs at once, each `llds.train.run` in its own process (one thread each), one
+    progress bar per run."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from llds.io import write_yaml
+    from llds.train.background import start_run
+    from llds.train.configio import to_dict
     from llds.train.tracking import read_metrics
 
     runs = {"GRPO": out / "grpo", "GRPO+LLDS": out / "grpo_llds"}
     procs = {}
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     for label, run_dir in runs.items():
         run_dir.mkdir(parents=True, exist_ok=True)
         conf = training_config(
             run_dir, out, llds=label.endswith("LLDS"), steps=cfg.grpo_steps, seed=cfg.seed
         )
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(conf, sort_keys=False))
-        log = (run_dir / "train.log").open("w")
-        procs[label] = (
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "llds.cli",
-                    "train",
-                    "--config",
-                    str(run_dir / "config.yaml"),
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-            ),
-            log,
-        )
+        write_yaml(run_dir / "config.yaml", to_dict(conf))  # the exact config, to rerun by hand
+        procs[label] = start_run(conf, run_dir / "train.log")
     with Progress(
         TextColumn("[bold]{task.fields[label]:<10}"),
         BarColumn(),
@@ -212,7 +155,7 @@ def train_side_by_side(cfg: DemoConfig, out: Path, console) -> dict[str, Path]:
         TextColumn("{task.description}"),
     ) as bar:
         tasks = {k: bar.add_task("", total=cfg.grpo_steps, label=k) for k in runs}
-        while any(p.poll() is None for p, _ in procs.values()):
+        while any(p.is_alive() for p in procs.values()):
             for label, run_dir in runs.items():
                 rows = read_metrics(run_dir)
                 if rows:
@@ -226,9 +169,9 @@ def train_side_by_side(cfg: DemoConfig, out: Path, console) -> dict[str, Path]:
             time.sleep(1.0)
         for label, run_dir in runs.items():
             bar.update(tasks[label], completed=len(read_metrics(run_dir)))
-    for label, (p, log) in procs.items():
-        log.close()
-        if p.returncode != 0:
+    for label, p in procs.items():
+        p.join()
+        if p.exitcode != 0:
             raise RuntimeError(f"{label} training failed; see {runs[label] / 'train.log'}")
     return runs
 

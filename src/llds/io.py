@@ -82,6 +82,14 @@ def write_json(path: str | os.PathLike[str], obj: Any, *, indent: int | None = 2
         f.write("\n")
 
 
+def write_yaml(path: str | os.PathLike[str], obj: Any) -> None:
+    """`obj` as YAML (keys in insertion order), atomically."""
+    import yaml
+
+    with atomic_write(path, "w", encoding="utf-8") as f:
+        yaml.safe_dump(obj, f, sort_keys=False)
+
+
 def write_jsonl(path: str | os.PathLike[str], rows: Iterable[Any]) -> int:
     """Write one JSON object per line atomically; returns the number of rows."""
     n = 0

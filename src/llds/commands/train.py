@@ -36,14 +36,8 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(message)s", handlers=[RichHandler(show_path=False)]
     )
-    from llds.train.trainer import GRPOTrainer
+    from llds.train import run as train_run
 
-    if cfg.threads:
-        import torch
-
-        torch.set_num_threads(cfg.threads)
-
-    trainer = GRPOTrainer(cfg, resume=not args.no_resume)
-    trainer.train()
+    train_run(cfg, resume=not args.no_resume)
     print(f"run written to {cfg.run_dir} (metrics.jsonl, tensorboard/, checkpoints/)")
     return 0

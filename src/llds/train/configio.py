@@ -6,6 +6,7 @@ in a 60-line YAML file is one line of error, not a traceback.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import types
 import typing
@@ -229,3 +230,50 @@ def to_dict(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {k: to_dict(v) for k, v in obj.items()}
     return obj
+
+
+def _without_none(tp: Any) -> Any:
+    """`int | None` -> `int` (the type a command-line value must have)."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return args[0] if len(args) == 1 else tp
+    return tp
+
+
+def add_dataclass_arguments(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    cls: type,
+    *,
+    skip: Sequence[str] = (),
+    required: Sequence[str] = (),
+) -> None:
+    """One `--flag` per field of the flat dataclass `cls`, named, typed and documented by it.
+
+    Flags default to None, so that only the flags a user gives override the config file and the
+    dataclass defaults (see `given_arguments`); the help shows the dataclass default. Booleans
+    get `--x / --no-x`, Literal fields their choices. `metadata={"help": ...}` documents a field.
+    """
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
+        tp = _without_none(hints[f.name])
+        default = f.default if f.default is not dataclasses.MISSING else None
+        text = f.metadata.get("help", "")
+        help_text = f"{text} ({default})" if text else f"({default})"
+        kwargs: dict[str, Any] = {"dest": f.name, "default": None, "help": help_text}
+        if tp is bool:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        elif typing.get_origin(tp) is typing.Literal:
+            kwargs["choices"] = list(typing.get_args(tp))
+        elif tp in (int, float, str):
+            kwargs["type"] = tp
+        if f.name in required:
+            kwargs["required"] = True
+        parser.add_argument("--" + f.name.replace("_", "-"), **kwargs)
+
+
+def given_arguments(args: argparse.Namespace, cls: type) -> dict[str, Any]:
+    """The fields of `cls` that were given on the command line (not None)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {k: v for k, v in vars(args).items() if k in names and v is not None}

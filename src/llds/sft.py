@@ -1,0 +1,353 @@
+"""Supervised warm start as a library call: `llds.sft.run(SFTConfig(...))`.
+
+`SFTConfig` is the one place the warm start's options and defaults live: `llds sft` builds its
+flags from it, `--config` files use its field names, and the demo passes one directly. The
+defaults are tuned on the organism world (see the README, "Warm start with SFT"): enough SFT to
+learn the protocol and single-hop lookups, little enough that multi-hop is left for RL.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from llds.errors import ConfigError, UserInputError
+from llds.train.configio import deep_merge, from_dict, read_yaml, to_dict
+
+
+def _help(text: str) -> Any:
+    return field(default=None, metadata={"help": text})
+
+
+@dataclass
+class SFTConfig:
+    out: str = field(default="", metadata={"help": "output folder (model/ goes inside)"})
+    # data
+    world: str | None = _help("a world folder from `llds world` (train.jsonl + corpus.jsonl)")
+    data: str | None = _help(
+        "questions: .parquet (Search-R1), .jsonl (FlashRAG) or trivia:LIST (one-hop trajectories)"
+    )
+    corpus: str | None = _help(
+        "corpus .jsonl, index dir or retriever URL (default: the world's corpus.jsonl)"
+    )
+    # model
+    model: str | None = _help("HF model directory, cached hub id, or `smollm2`")
+    tiny: bool = field(
+        default=False,
+        metadata={"help": "fresh tiny Qwen2 model + BPE tokenizer fitted to the world"},
+    )
+    tokenizer_vocab: int = field(default=4000, metadata={"help": "BPE size for --tiny"})
+    hidden: int = field(default=128, metadata={"help": "--tiny hidden size"})
+    layers: int = field(default=4, metadata={"help": "--tiny layers"})
+    heads: int = field(default=4, metadata={"help": "--tiny attention heads"})
+    name_tokens: bool = field(
+        default=False,
+        metadata={"help": "--tiny: make every passage title (entity name) one token"},
+    )
+    device: str = field(default="cpu", metadata={"help": "cpu, cuda, ..."})
+    threads: int | None = _help("torch CPU threads (1 is often fastest for tiny models)")
+    chat: bool | None = _help("use the tokenizer's chat template (None: when it has one)")
+    prompt_template: str | None = _help("template file containing {question}")
+    # what the warm start teaches
+    max_hops: int | None = _help("train only on questions with <= this many hops")
+    num_examples: int | None = _help("at most this many trajectories")
+    topk: int = field(default=3, metadata={"help": "passages per search"})
+    max_obs_tokens: int = field(default=500, metadata={"help": "observation token cap"})
+    think: bool = field(default=True, metadata={"help": "expert actions with <think> text"})
+    relabel_copies: int = field(
+        default=0,
+        metadata={
+            "help": "--world: also train on K copies of the world with entity names permuted "
+            "(the same names on other facts), so only reading pays"
+        },
+    )
+    early_answer: float = field(
+        default=0.0,
+        metadata={
+            "help": "share of chain trajectories (--world) where the expert stops searching "
+            "early and answers with the last name it read (wrong), as untrained models do"
+        },
+    )
+    loss_on: Literal["actions", "all"] = field(
+        default="actions",
+        metadata={
+            "help": "tokens trained on: the expert's actions, or all (passages and questions "
+            "too; grows copying in small models)"
+        },
+    )
+    # optimisation
+    steps: int | None = field(default=150, metadata={"help": "optimizer steps"})
+    epochs: float | None = _help("passes over the trajectories (instead of steps)")
+    lr: float = field(default=3e-3, metadata={"help": "peak learning rate"})
+    batch_size: int = field(default=8, metadata={"help": "trajectories per step"})
+    micro_batch_tokens: int = field(default=8192, metadata={"help": "padded tokens per forward"})
+    warmup: int = field(default=10, metadata={"help": "warm-up steps"})
+    seed: int = field(default=0, metadata={"help": "seed for init, shuffling, think phrases"})
+    # after training
+    eval: int = field(
+        default=0,
+        metadata={"help": "greedy-evaluate this many test questions of the world (0 = skip)"},
+    )
+    eval_max_turns: int = field(default=4, metadata={"help": "searches allowed in that evaluation"})
+    progress: bool = field(default=True, metadata={"help": "progress bars"})
+
+    def validate(self) -> None:
+        """Cross-field checks; errors name the option."""
+        if not self.out:
+            raise ConfigError("out: required (the output folder)")
+        if self.steps is not None and self.epochs is not None:
+            raise ConfigError("steps, epochs: give steps or epochs, not both")
+        if not 0.0 <= self.early_answer <= 1.0:
+            raise ConfigError(f"early_answer must be in [0, 1], got {self.early_answer}")
+        if self.relabel_copies < 0:
+            raise ConfigError(f"relabel_copies must be >= 0, got {self.relabel_copies}")
+
+
+def load_sft_config(
+    path: str | Path | None = None, given: dict[str, Any] | None = None
+) -> SFTConfig:
+    """`SFTConfig` from a YAML file (keys = field names, `base:` allowed) and the values given on
+    the command line, which win. A `steps` given on one level replaces an `epochs` from a lower
+    one and vice versa."""
+    data: dict[str, Any] = read_yaml(path) if path else {}
+    given = dict(given or {})
+    if "steps" in given or "epochs" in given:  # the command line decides the training length
+        data.pop("steps", None)
+        data.pop("epochs", None)
+        given.setdefault("steps", None)
+        given.setdefault("epochs", None)
+    elif "epochs" in data:  # epochs in the file replaces the default steps
+        data.setdefault("steps", None)
+    try:
+        cfg = from_dict(SFTConfig, deep_merge(data, given))
+    except ConfigError as exc:
+        raise ConfigError(f"{exc} (config file: {path})" if path else str(exc)) from None
+    cfg.validate()
+    return cfg
+
+
+def _load_examples(cfg: SFTConfig) -> tuple[list[Any], list[Any], str | None]:
+    """(train examples, test examples, default corpus path)."""
+    from llds.data.loaders import load_examples, load_flashrag_jsonl
+
+    if bool(cfg.world) == bool(cfg.data):
+        raise UserInputError("give exactly one of world (--world DIR) or data (--data FILE)")
+    if cfg.world:
+        world = Path(cfg.world)
+        train_file, test_file, corpus = (
+            world / n for n in ("train.jsonl", "test.jsonl", "corpus.jsonl")
+        )
+        if not train_file.is_file() or not corpus.is_file():
+            raise UserInputError(
+                f"{world}: not a world folder (needs train.jsonl and "
+                "corpus.jsonl; create one with `llds world --out DIR`)"
+            )
+        test = load_flashrag_jsonl(test_file) if test_file.is_file() else []
+        return load_flashrag_jsonl(train_file), test, str(corpus)
+    return load_examples(cfg.data), [], None
+
+
+def _tokenizer_texts(template: Any) -> list[str]:
+    """Text the tiny model will read besides the corpus: the prompt and the expert phrasing."""
+    from llds.env.prompts import DEFAULT_INSTRUCTION
+    from llds.train.sft_data import EXPERT_PHRASES
+
+    prompt = DEFAULT_INSTRUCTION if template is None else template.text
+    phrases = list(EXPERT_PHRASES)
+    return [prompt] * 5 + phrases
+
+
+def tiny_tokenizer(
+    corpus: str,
+    train: list[Any],
+    vocab_size: int,
+    *,
+    template: Any = None,
+    name_tokens: bool = True,
+) -> Any:
+    """BPE fitted to the corpus, the training questions, the prompt and the expert phrasing.
+
+    With `name_tokens`, every passage title becomes one added token. In the synthetic world the
+    titles are the entity names, so a tiny model copies a name (question -> query, passage ->
+    next query or answer) as one token instead of a run of syllable pieces; without this, copying
+    is what a CPU-sized model fails to learn in minutes.
+    """
+    from llds.models import train_bpe_tokenizer
+    from llds.retrieval.base import Hit
+    from llds.retrieval.corpus import read_corpus
+
+    passages = [p.contents for p in read_corpus(corpus)]
+    texts = passages + [ex.question for ex in train] + _tokenizer_texts(template)
+    names: list[str] = []
+    if name_tokens:
+        titles = (Hit("", text, 0.0).title.strip() for text in passages)
+        names = sorted({t for t in titles if t and " " not in t})
+    return train_bpe_tokenizer(texts, vocab_size + len(names), extra_tokens=names)
+
+
+def _model_and_tokenizer(cfg: SFTConfig, corpus: str | None, template: Any, train: list[Any]):
+    if bool(cfg.tiny) == bool(cfg.model):
+        raise UserInputError("give exactly one of tiny (--tiny) or model (--model PATH)")
+    if cfg.tiny:
+        from llds.models import tiny_causal_lm_for
+
+        if not (corpus and Path(corpus).is_file()):
+            raise UserInputError(
+                "--tiny fits its tokenizer to a corpus: give --world or a --corpus .jsonl file"
+            )
+        tok = tiny_tokenizer(
+            corpus,
+            train,
+            cfg.tokenizer_vocab,
+            template=template,
+            name_tokens=cfg.name_tokens,
+        )
+        model = tiny_causal_lm_for(
+            tok,
+            hidden_size=cfg.hidden,
+            num_layers=cfg.layers,
+            num_heads=cfg.heads,
+            num_kv_heads=max(1, cfg.heads // 2),
+            seed=cfg.seed,
+        )
+        return model.to(cfg.device), tok
+    if cfg.model == "smollm2":
+        from llds.models import load_smollm2
+
+        return load_smollm2(device=cfg.device)
+    from llds.models import load_policy
+
+    return load_policy(cfg.model, device=cfg.device)
+
+
+def _relabeled_copies(cfg: SFTConfig) -> list[tuple[list[Any], Any]]:
+    """(train questions, retriever) of each `--relabel-copies` copy of the `--world`."""
+    k = cfg.relabel_copies
+    if not k:
+        return []
+    if not cfg.world:
+        raise UserInputError("--relabel-copies needs --world (it permutes the world's names)")
+    from llds.data.world import read_world, relabel_world
+    from llds.retrieval.bm25 import BM25Retriever
+
+    world = read_world(cfg.world)
+    copies = [relabel_world(world, seed=cfg.seed * 1000 + 1 + i) for i in range(k)]
+    return [(c.train, BM25Retriever.build(c.corpus, show_progress=False)) for c in copies]
+
+
+def run(cfg: SFTConfig) -> dict[str, Any]:
+    """Build the expert trajectories, train, save the model with its protocol, evaluate; returns
+    the report that is also written to `OUT/sft_report.json`."""
+    import json
+
+    cfg.validate()
+    if cfg.threads:
+        import torch
+
+        torch.set_num_threads(cfg.threads)
+    started = time.perf_counter()
+    train, test, world_corpus = _load_examples(cfg)
+    corpus = cfg.corpus or world_corpus
+    if corpus is None:
+        raise UserInputError("--data needs --corpus (a corpus .jsonl, index dir or URL)")
+
+    from llds.env.prompts import PromptTemplate
+    from llds.io import write_json
+    from llds.retrieval.factory import open_retriever
+    from llds.train.sft import sft_train
+    from llds.train.sft_data import build_expert_episodes
+
+    template = PromptTemplate.from_file(cfg.prompt_template) if cfg.prompt_template else None
+    model, tok = _model_and_tokenizer(cfg, corpus, template, train)
+    retriever = open_retriever(corpus)
+    expert = {
+        "template": template,
+        "chat": cfg.chat,
+        "topk": cfg.topk,
+        "max_obs_tokens": cfg.max_obs_tokens,
+        "think": cfg.think,
+        "max_hops": cfg.max_hops,
+        "num_examples": cfg.num_examples,
+        "early_answer": cfg.early_answer,
+        "seed": cfg.seed,
+    }
+    episodes, stats = build_expert_episodes(train, retriever, tok, **expert)
+    for copy_train, copy_retriever in _relabeled_copies(cfg):
+        more, more_stats = build_expert_episodes(copy_train, copy_retriever, tok, **expert)
+        episodes += more
+        stats = stats.merged(more_stats)
+    n_params = sum(p.numel() for p in model.parameters())
+    mean_len = sum(len(e) for e in episodes) / max(len(episodes), 1)
+    print(
+        f"{stats.kept} trajectories ({stats.to_dict()['kept_by_hops']} by hops; "
+        f"{stats.early_answers} stopping early, "
+        f"{stats.skipped_hops} skipped by --max-hops, {stats.skipped_no_gold_in_retrieval} "
+        f"without the answer in retrieval), {mean_len:.0f} tokens each on average; "
+        f"model {n_params / 1e6:.2f}M parameters"
+    )
+    out = Path(cfg.out)
+    result = sft_train(
+        model,
+        tok,
+        episodes,
+        lr=cfg.lr,
+        steps=cfg.steps,
+        epochs=cfg.epochs,
+        batch_size=cfg.batch_size,
+        micro_batch_tokens=cfg.micro_batch_tokens,
+        warmup=cfg.warmup,
+        seed=cfg.seed,
+        out_dir=out,
+        progress=cfg.progress,
+        loss_on=cfg.loss_on,
+    )
+    report: dict[str, Any] = {
+        "options": to_dict(cfg),
+        "data": stats.to_dict(),
+        "parameters": n_params,
+        "mean_tokens_per_trajectory": mean_len,
+        "initial_loss": result.initial_loss,
+        "final_loss": result.final_loss,
+        "sft_wall_s": round(result.wall_s, 2),
+    }
+    from llds.env.protocol import Protocol
+
+    # what `llds eval` / `llds train` need to talk to this model as SFT taught it
+    Protocol(
+        prompt_template=None if template is None else template.text,
+        chat=cfg.chat,
+        topk=cfg.topk,
+        max_turns=cfg.eval_max_turns,
+        max_obs_tokens=cfg.max_obs_tokens,
+    ).write(result.model_dir)
+    print(
+        f"SFT loss {result.initial_loss:.3f} -> {result.final_loss:.3f} in {result.steps} "
+        f"steps ({result.wall_s:.0f} s)"
+    )
+    if cfg.eval and test:
+        from llds.rollout import RolloutConfig
+        from llds.train.evaluate import evaluate, results_table
+
+        res = evaluate(
+            model,
+            tok,
+            retriever,
+            test[: cfg.eval],
+            RolloutConfig(
+                max_turns=cfg.eval_max_turns,
+                temperature=0.0,
+                topk=cfg.topk,
+                max_obs_tokens=cfg.max_obs_tokens,
+            ),
+            template=template,
+            chat=cfg.chat,
+            progress=cfg.progress,
+        )
+        report["eval"] = {k: res[k] for k in ("overall", "by_hops")}
+        print(results_table(res))
+    report["total_wall_s"] = round(time.perf_counter() - started, 2)
+    write_json(out / "sft_report.json", json.loads(json.dumps(report, default=str)))
+    print(f"model written to {result.model_dir}")
+    return report

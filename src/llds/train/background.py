@@ -1,0 +1,40 @@
+"""Training runs in their own processes: several runs side by side on one machine.
+
+Each run is `llds.train.run(cfg)` in a spawned process with one torch thread, its output in a
+log file; the caller polls `Process.is_alive()` and reads progress from the run's metrics.
+Used by the demo (GRPO and GRPO+LLDS at once) and the studies in `benchmarks/`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import os
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+
+from llds.train.config import TrainConfig
+
+
+def _run_logged(cfg: TrainConfig, log_path: str) -> None:
+    from llds.train import run
+
+    with open(log_path, "w", encoding="utf-8") as log, contextlib.redirect_stdout(log):
+        logging.basicConfig(level=logging.INFO, stream=log, format="%(message)s", force=True)
+        run(cfg)
+
+
+def start_run(cfg: TrainConfig, log_path: str | Path) -> BaseProcess:
+    """Start `llds.train.run(cfg)` in a new process (one thread, spawned: no state shared with
+    this one) writing its output to `log_path`; returns the started process."""
+    # read by the child before torch creates its thread pools (spawned children inherit it)
+    os.environ["OMP_NUM_THREADS"] = "1"
+    if cfg.threads is None:
+        cfg.threads = 1
+    Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+    proc = multiprocessing.get_context("spawn").Process(
+        target=_run_logged, args=(cfg, str(log_path)), name=Path(cfg.run_dir).name
+    )
+    proc.start()
+    return proc
