@@ -130,13 +130,13 @@ def test_single_turn_training_needs_no_retriever(tmp_path, small_world, world_to
 def test_nonfinite_updates_are_skipped_then_stop(
     tmp_path, small_world, world_tokenizer, world_retriever, monkeypatch
 ):
-    real = trainer_mod.policy_loss
+    real = trainer_mod.grpo_objective
 
     def poisoned(*args, **kwargs):
         loss, stats = real(*args, **kwargs)
         return loss * float("nan"), stats
 
-    monkeypatch.setattr(trainer_mod, "policy_loss", poisoned)
+    monkeypatch.setattr(trainer_mod, "grpo_objective", poisoned)
     tr = _trainer(
         tmp_path,
         small_world,
@@ -330,7 +330,8 @@ def test_on_alarm_rollback_restores_and_turns_llds_on(
     assert any(not torch.equal(v, at_step1[k]) for k, v in tr.model.state_dict().items())
     tr._on_alarms([_decay_alarm(3, 1)])
     assert tr.step == 1 and tr.rollbacks == 1
-    assert tr.cfg.algo.llds.enabled and tr.cfg.algo.llds.coef == 0.3
+    assert tr.rollback_llds_coef == 0.3  # LLDS on from here, at the rollback coefficient
+    assert not tr.cfg.algo.llds.enabled  # and the config is left as the user wrote it
     assert all(torch.equal(v, at_step1[k]) for k, v in tr.model.state_dict().items())
     assert [r["step"] for r in read_metrics(tmp_path)] == [1]
     assert [r["step"] for r in read_metrics_file(tmp_path / "metrics.rollback1.jsonl")] == [1, 2, 3]

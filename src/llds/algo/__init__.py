@@ -15,6 +15,7 @@ from llds.algo.llds import (
 )
 from llds.algo.logprobs import token_entropy, token_log_probs, token_log_probs_and_entropy
 from llds.algo.masking import AGGREGATIONS, aggregate, masked_mean, masked_sum
+from llds.algo.objective import Objective, grpo_objective
 from llds.algo.policy_loss import policy_loss
 from llds.algo.segments import action_segments, broadcast_segments, segment_sums
 
@@ -22,12 +23,14 @@ __all__ = [
     "AGGREGATIONS",
     "GATES",
     "LLDS_AGGREGATIONS",
+    "Objective",
     "action_segments",
     "aggregate",
     "answer_weight_schedule",
     "broadcast_segments",
     "group_advantages",
     "group_index",
+    "grpo_objective",
     "kl_penalty",
     "llds_gate",
     "llds_loss",

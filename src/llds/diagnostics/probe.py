@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 
-from llds.algo import group_advantages, policy_loss
+from llds.algo import group_advantages
+from llds.algo.objective import Objective, grpo_objective
 from llds.data.example import QAExample
 from llds.env.prompts import PromptTemplate, build_prompt_ids
 from llds.rollout import RolloutConfig, RolloutEngine, RolloutRequest
@@ -63,13 +64,12 @@ def probe_group(
         model.train()
         opt.zero_grad(set_to_none=True)
         lp, _ = response_log_probs(model, batch)
-        loss, _ = policy_loss(
+        loss, _ = grpo_objective(  # the GRPO update alone: no KL, entropy or LLDS
             lp,
             old.to(lp.device),
             adv.to(lp.device),
             batch.loss_mask.to(lp.device),
-            clip_low=clip,
-            aggregation=aggregation,
+            Objective(clip_low=clip, aggregation=aggregation),
         )
         loss.backward()
         opt.step()

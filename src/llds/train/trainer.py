@@ -21,16 +21,8 @@ from typing import Any
 
 import torch
 
-from llds.algo import (
-    aggregate,
-    answer_weight_schedule,
-    group_advantages,
-    kl_penalty,
-    llds_loss,
-    masked_mean,
-    policy_loss,
-    preserving_mask,
-)
+from llds.algo import answer_weight_schedule, group_advantages, masked_mean, preserving_mask
+from llds.algo.objective import LLDS_STATS, POLICY_STATS, Objective, grpo_objective
 from llds.data.example import QAExample
 from llds.diagnostics.alarms import Alarm, AlarmMonitor, should_act
 from llds.diagnostics.likelihood import (
@@ -217,6 +209,7 @@ class GRPOTrainer:
         self.logger: MetricsLogger | None = None
         self.monitor = self._new_monitor()
         self.rollbacks = 0
+        self.rollback_llds_coef: float | None = None  # LLDS turned on by a rollback
 
     # ------------------------------------------------------------------ loop
     def train(
@@ -437,11 +430,15 @@ class GRPOTrainer:
         if self.scaler is not None and "grad_scaler" in blobs:
             self.scaler.load_state_dict(blobs["grad_scaler"])
         self.step = int(state["step"])
-        lc = self.cfg.algo.llds
-        lc.enabled = True
-        lc.coef = max(lc.coef, self.cfg.diagnostics.rollback_llds_coef)
+        self.rollback_llds_coef = max(
+            self.cfg.algo.llds.coef, self.cfg.diagnostics.rollback_llds_coef
+        )
         self.rollbacks += 1
-        log.warning("rolled back to %s; continuing with LLDS on (coef %.3g)", target.name, lc.coef)
+        log.warning(
+            "rolled back to %s; continuing with LLDS on (coef %.3g)",
+            target.name,
+            self.rollback_llds_coef,
+        )
         if self.dist.is_main:
             c = self.cfg
             self.logger = MetricsLogger(
@@ -477,9 +474,15 @@ class GRPOTrainer:
         # auto: float32 sampling logits equal the training forward's to rounding; LLDS's first
         # step is exactly 0 whatever pi_old's rounding. The authors' first-step LLDS acts on that
         # rounding, so it gets their recomputed pi_old (read per step: rollback turns LLDS on).
-        lc = algo.llds
-        noisy_llds = lc.enabled and lc.coef > 0 and lc.first_update == "computed"
+        noisy_llds = self._llds_coef() > 0 and algo.llds.first_update == "computed"
         return not noisy_llds and not self.precision.mixed
+
+    def _llds_coef(self) -> float:
+        """LLDS's coefficient now: the config's, or after a rollback the rollback's (0 = off)."""
+        if self.rollback_llds_coef is not None:
+            return self.rollback_llds_coef
+        lc = self.cfg.algo.llds
+        return lc.coef if lc.enabled else 0.0
 
     def _answer_weight(self, batch: RolloutBatch) -> float:
         """LLDS-MA's beta from the mean valid searches per rollout of the GLOBAL batch."""
@@ -496,7 +499,21 @@ class GRPOTrainer:
         self, batch: RolloutBatch, adv, old_logp, ref_logp, k: int, global_rows: list[int]
     ) -> dict[str, float]:
         cfg, algo, lc = self.cfg, self.cfg.algo, self.cfg.algo.llds
-        use_llds = lc.enabled and lc.coef > 0
+        llds_coef = self._llds_coef()
+        use_llds = llds_coef > 0
+        objective = Objective(
+            clip_low=algo.clip_low,
+            clip_high=algo.clip_high,
+            ratio_type=algo.ratio_type,
+            dual_clip=algo.dual_clip,
+            aggregation=algo.aggregation,
+            kl_coef=algo.kl_coef,
+            kl_kind=algo.kl_kind,
+            entropy_coef=algo.entropy_coef,
+            llds_coef=llds_coef,
+            llds_gate=lc.gate,
+            llds_aggregation=lc.aggregation,
+        )
         beta = self._answer_weight(batch) if (use_llds and lc.mask_answer) else 1.0
         params = [p for p in self.model.parameters() if p.requires_grad]
         start = [_local(p).clone() for p in params] if cfg.diagnostics.update_ratio else None
@@ -504,8 +521,7 @@ class GRPOTrainer:
         n_global = cfg.prompts_per_step * cfg.rollout.group_size
         gen = torch.Generator().manual_seed(cfg.seed * 7_919 + k)
         acc: Counter[str] = Counter()
-        maxes: dict[str, float] = {}
-        mins: dict[str, float] = {}
+        extremes: dict[str, float] = {}
         grad_norms: list[float] = []
         n_updates = 0
         first_mini_batches = 0
@@ -546,65 +562,25 @@ class GRPOTrainer:
                     mask = sub.loss_mask.to(lp.device)
                     old = old_logp[micro, :w].to(lp.device)
                     a = adv[micro].to(lp.device)
-                    pg, st = policy_loss(
+                    loss, st = grpo_objective(
                         lp,
                         old,
                         a,
                         mask,
-                        clip_low=algo.clip_low,
-                        clip_high=algo.clip_high,
-                        ratio_type=algo.ratio_type,
-                        dual_clip=algo.dual_clip,
-                        aggregation=algo.aggregation,
+                        objective,
+                        ref_log_probs=None
+                        if ref_logp is None
+                        else ref_logp[micro, :w].to(lp.device),
+                        entropy=ent,
+                        answer_mask=sub.answer_mask.to(lp.device) if lc.mask_answer else None,
+                        answer_weight=beta,
+                        llds_acts=llds_acts,
                         num_sequences=n_seq,
                         num_tokens=n_tok,
+                        num_preserving=n_pre,
                     )
-                    loss = pg
                     share = float(mask.sum()) / max(1.0, float(lm.sum()))  # local mean weights
-                    acc["policy/pg_loss"] += float(pg.detach())
-                    for key in ("clip_frac_low", "clip_frac_high", "approx_kl", "ratio_mean"):
-                        acc[f"policy/{key}"] += float(st[key]) * share
-                    maxes["policy/ratio_max"] = max(
-                        maxes.get("policy/ratio_max", -1e30), float(st["ratio_max"])
-                    )
-                    mins["policy/ratio_min"] = min(
-                        mins.get("policy/ratio_min", 1e30), float(st["ratio_min"])
-                    )
-                    if ref_logp is not None:
-                        kl_tok = kl_penalty(lp, ref_logp[micro, :w].to(lp.device), algo.kl_kind)
-                        kl = aggregate(
-                            kl_tok, mask, algo.aggregation, num_sequences=n_seq, num_tokens=n_tok
-                        )
-                        loss = loss + algo.kl_coef * kl
-                        acc["policy/kl"] += float(kl.detach())
-                    if need_ent and ent is not None:
-                        ent_term = aggregate(
-                            ent, mask, algo.aggregation, num_sequences=n_seq, num_tokens=n_tok
-                        )
-                        loss = loss - algo.entropy_coef * ent_term
-                    if use_llds:
-                        # on a step where LLDS must not act it is still evaluated, detached, to
-                        # record how often its gate would open on rounding noise
-                        ll, lst = llds_loss(
-                            lp if llds_acts else lp.detach(),
-                            old,
-                            a,
-                            mask,
-                            coef=lc.coef,
-                            gate=lc.gate,
-                            answer_mask=sub.answer_mask.to(lp.device) if lc.mask_answer else None,
-                            answer_weight=beta,
-                            aggregation=lc.aggregation,
-                            num_sequences=n_pre,
-                            num_tokens=n_tok,
-                        )
-                        if first:
-                            acc["llds/first_step_gate_frac"] += float(lst["gate_frac"]) * share
-                        if llds_acts:
-                            loss = loss + ll
-                            acc["llds/loss"] += float(ll.detach())
-                            for key in ("gate_frac", "penalized_token_frac", "mean_penalty"):
-                                acc[f"llds/{key}"] += float(lst[key]) * share
+                    _accumulate(acc, extremes, st, share, first=first, llds_acts=llds_acts)
                     (loss if self.scaler is None else self.scaler.scale(loss)).backward()
                 if self.sharded:  # FSDP has already summed the gradients into each shard
                     norm = fsdp.clip_grad_norm(params, cfg.optim.grad_clip)
@@ -647,8 +623,7 @@ class GRPOTrainer:
         for key in ("policy/pg_loss", "policy/kl", "llds/loss"):
             if key in out:  # this rank's share of a global sum: the cross-rank mean restores it
                 out[key] *= self.dist.world
-        out.update(maxes)
-        out.update(mins)
+        out.update(extremes)
         out["policy/grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
         out["policy/grad_norm_max"] = max(grad_norms) if grad_norms else float("nan")
         out["optim/updates"] = n_updates
@@ -797,6 +772,39 @@ class GRPOTrainer:
 def rollout_seed(seed: int, step: int, row: int) -> int:
     """A distinct 62-bit sampling seed per (run seed, step, global rollout index)."""
     return ((seed * 1_000_003 + step) * 1_000_033 + row) % (1 << 62)
+
+
+def _accumulate(
+    acc: Counter[str],
+    extremes: dict[str, float],
+    stats: dict[str, torch.Tensor],
+    share: float,
+    *,
+    first: bool,
+    llds_acts: bool,
+) -> None:
+    """Add one micro-batch's objective stats to the mini-batch's: losses are shares of a global
+    sum (added), fractions are weighted by the micro-batch's share of the tokens, ratio extremes
+    are extremes; LLDS's gate on the batch's first step is kept apart (it measures noise)."""
+    acc["policy/pg_loss"] += float(stats["policy/pg_loss"])
+    for key in POLICY_STATS:
+        acc[f"policy/{key}"] += float(stats[f"policy/{key}"]) * share
+    extremes["policy/ratio_max"] = max(
+        extremes.get("policy/ratio_max", -1e30), float(stats["policy/ratio_max"])
+    )
+    extremes["policy/ratio_min"] = min(
+        extremes.get("policy/ratio_min", 1e30), float(stats["policy/ratio_min"])
+    )
+    if "policy/kl" in stats:
+        acc["policy/kl"] += float(stats["policy/kl"])
+    if "llds/gate_frac" not in stats:
+        return
+    if first:
+        acc["llds/first_step_gate_frac"] += float(stats["llds/gate_frac"]) * share
+    if llds_acts:
+        acc["llds/loss"] += float(stats["llds/loss"])
+        for key in LLDS_STATS:
+            acc[f"llds/{key}"] += float(stats[f"llds/{key}"]) * share
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
