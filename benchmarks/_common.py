@@ -47,10 +47,9 @@ SINGLE_TURN_TEMPLATE = "Question: {question}\nAnswer: "
 
 def world_tokenizer(world, vocab_size: int = 2000):
     """A BPE tokenizer fitted to an organism world's passages and training questions."""
-    from llds.models import train_bpe_tokenizer
+    from llds.models.bpe import tokenizer_for_world
 
-    texts = [d["contents"] for d in world.corpus] + [q.question for q in world.train]
-    return train_bpe_tokenizer(texts, vocab_size=vocab_size)
+    return tokenizer_for_world(world, vocab_size)
 
 
 def single_turn_config(

@@ -34,6 +34,7 @@ from llds.diagnostics.alarms import scan_alarms
 from llds.diagnostics.plots import moving_average
 from llds.train.background import start_run
 from llds.train.config import TrainConfig, load_config
+from llds.train.periodic_eval import eval_file
 from llds.train.tracking import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -123,7 +124,7 @@ def summarize_run(path: Path) -> dict[str, Any]:
 
 
 def start_em(demo: Path) -> float | None:
-    path = demo / "sft" / "eval.json"
+    path = eval_file(demo / "sft", 0)
     return json.loads(path.read_text())["overall"]["em"] if path.is_file() else None
 
 

@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine, median_time
 from llds.data.world import WorldConfig, generate_world
 from llds.env.prompts import build_prompt_ids
-from llds.models.bpe import train_bpe_tokenizer
+from llds.models.bpe import tokenizer_for_world
 from llds.models.tiny import tiny_causal_lm_for
 from llds.retrieval.factory import build_retriever
 from llds.rollout import RolloutConfig, RolloutEngine, RolloutRequest
@@ -35,8 +35,7 @@ def main() -> None:
     args = ap.parse_args()
 
     world = generate_world(WorldConfig.preset("organism"))
-    texts = [d["contents"] for d in world.corpus] + [q.question for q in world.train]
-    tok = train_bpe_tokenizer(texts, vocab_size=2000)
+    tok = tokenizer_for_world(world, 2000)
     model = tiny_causal_lm_for(tok, hidden_size=args.hidden, num_layers=args.layers)
     retriever = build_retriever(world.corpus, show_progress=False)
     reqs = [

@@ -19,7 +19,7 @@ import bm25s
 import Stemmer
 
 from llds.data.world import WorldConfig, generate_world
-from llds.models.bpe import train_bpe_tokenizer
+from llds.models.bpe import tokenizer_for_world
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine
@@ -56,8 +56,7 @@ def measure(preset: str, repeats: int) -> dict[str, object]:
         t0 = time.perf_counter()
         world = generate_world(WorldConfig.preset(preset))
         t1 = time.perf_counter()
-        texts = [d["contents"] for d in world.corpus] + [ex.question for ex in world.train]
-        tok = train_bpe_tokenizer(texts, vocab_size=8000)
+        tok = tokenizer_for_world(world, 8000)
         t2 = time.perf_counter()
         gen.append(t1 - t0)
         bpe.append(t2 - t1)

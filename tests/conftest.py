@@ -18,10 +18,9 @@ def small_world():
 
 @pytest.fixture(scope="session")
 def world_tokenizer(small_world):
-    from llds.models.bpe import train_bpe_tokenizer
+    from llds.models.bpe import tokenizer_for_world
 
-    texts = [d["contents"] for d in small_world.corpus] + [q.question for q in small_world.train]
-    return train_bpe_tokenizer(texts, vocab_size=400)
+    return tokenizer_for_world(small_world, 400)
 
 
 @pytest.fixture(scope="session")

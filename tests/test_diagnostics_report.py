@@ -31,7 +31,10 @@ def runs(tmp_path_factory) -> tuple[Path, Path]:
     write_jsonl(grpo / "metrics.jsonl", synthetic_rows("collapse", seed=1, steps=160))
     write_jsonl(llds / "metrics.jsonl", synthetic_rows("healthy", seed=2, steps=140))
     overall = {"em": 0.412, "f1": 0.5, "sub_em": 0.45, "valid_searches": 1.8, "n": 500}
-    write_json(llds / "eval.json", {"overall": overall, "by_source": {}})
+    # the evaluation convention: RUN/eval/step_N.json; the report reads the newest
+    write_json(llds / "eval" / "step_000140.json", {"overall": overall, "by_source": {}})
+    older = {**overall, "em": 0.1}
+    write_json(llds / "eval" / "step_000050.json", {"overall": older, "by_source": {}})
     return grpo, llds
 
 
@@ -104,8 +107,9 @@ def test_bad_inputs(runs, tmp_path):
         write_report([grpo], tmp_path / "out", labels=["a", "b"])
     bad = tmp_path / "bad_eval"
     write_jsonl(bad / "metrics.jsonl", synthetic_rows("healthy", steps=30))
-    (bad / "eval.json").write_text("{not json", encoding="utf-8")
-    with pytest.raises(DataFormatError, match=r"eval\.json"):
+    (bad / "eval").mkdir()
+    (bad / "eval" / "step_000030.json").write_text("{not json", encoding="utf-8")
+    with pytest.raises(DataFormatError, match=r"step_000030\.json"):
         write_report([bad], tmp_path / "out")
 
 

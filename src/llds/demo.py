@@ -186,6 +186,7 @@ def run_demo(cfg: DemoConfig) -> Path:
 
     from llds.diagnostics.report import write_report
     from llds.train.checkpoint import latest_checkpoint
+    from llds.train.periodic_eval import eval_file
 
     console = Console()
     out = Path(cfg.out)
@@ -195,7 +196,7 @@ def run_demo(cfg: DemoConfig) -> Path:
     warm_start(cfg, out, console)
     console.rule("[bold]2/4 evaluate the warm start")
     start = evaluate_model(
-        out / "sft" / "model", out, out / "sft" / "eval.json", cfg.eval_questions
+        out / "sft" / "model", out, eval_file(out / "sft", 0), cfg.eval_questions
     )
     if cfg.skip_train:
         return out
@@ -207,7 +208,7 @@ def run_demo(cfg: DemoConfig) -> Path:
         ckpt = latest_checkpoint(run_dir / "checkpoints")
         assert ckpt is not None
         results[label] = evaluate_model(
-            ckpt / "model", out, run_dir / "eval.json", cfg.eval_questions
+            ckpt / "model", out, eval_file(run_dir, cfg.grpo_steps), cfg.eval_questions
         )
     report = write_report(list(runs.values()), out / "report", labels=list(runs))
     table = Table(title=f"held-out EM ({cfg.eval_questions} questions, greedy)")

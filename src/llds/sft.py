@@ -174,7 +174,7 @@ def tiny_tokenizer(
     next query or answer) as one token instead of a run of syllable pieces; without this, copying
     is what a CPU-sized model fails to learn in minutes.
     """
-    from llds.models import train_bpe_tokenizer
+    from llds.models.bpe import tokenizer_for_world
     from llds.retrieval.base import Hit
     from llds.retrieval.corpus import read_corpus
 
@@ -184,7 +184,7 @@ def tiny_tokenizer(
     if name_tokens:
         titles = (Hit("", text, 0.0).title.strip() for text in passages)
         names = sorted({t for t in titles if t and " " not in t})
-    return train_bpe_tokenizer(texts, vocab_size + len(names), extra_tokens=names)
+    return tokenizer_for_world(texts, vocab_size, extra_tokens=names)
 
 
 def _model_and_tokenizer(cfg: SFTConfig, corpus: str | None, template: Any, train: list[Any]):

@@ -1,8 +1,9 @@
 """Run report: one self-contained HTML page comparing training runs.
 
-Reads each run's `metrics.jsonl` (and `eval.json` when present), recomputes phases and alarms
-with the same detector the trainer uses, and writes `report.html` (figures embedded as base64)
-plus the PNGs and a machine-readable `report.json` next to it. Every file is written atomically.
+Reads each run's `metrics.jsonl` (and its newest `eval/step_N.json` when present), recomputes
+phases and alarms with the same detector the trainer uses, and writes `report.html` (figures
+embedded as base64) plus the PNGs and a machine-readable `report.json` next to it. Every file is
+written atomically.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from llds.diagnostics.plots import (
 from llds.diagnostics.robust import as_float, median
 from llds.errors import DataFormatError, UserInputError
 from llds.io import atomic_write, write_json
+from llds.train.periodic_eval import latest_eval_file
 from llds.train.tracking import METRICS_FILE, read_metrics
 
 EVAL_FILE = "eval.json"
@@ -51,8 +53,9 @@ class RunData:
 
 
 def load_eval(run_dir: Path) -> dict[str, Any] | None:
-    """The run's eval.json, or None when it has not been evaluated."""
-    path = run_dir / EVAL_FILE
+    """The run's newest evaluation (`eval/step_N.json`, the periodic and final evaluations;
+    a single `eval.json` for runs written before that convention), or None."""
+    path = latest_eval_file(run_dir) or run_dir / EVAL_FILE
     if not path.is_file():
         return None
     try:

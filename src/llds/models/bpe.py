@@ -94,15 +94,26 @@ def _world_texts(world_dir: Path) -> Iterator[str]:
 
 
 def tokenizer_for_world(
-    world: str | Path | Iterable[str],
+    world: Any,
     vocab_size: int = 8000,
     *,
     extra_texts: Iterable[str] = (),
+    extra_tokens: Sequence[str] = (),
 ) -> Any:
-    """BPE fitted to a world directory (corpus + train questions) or to given corpus texts.
+    """BPE fitted to a world: its passages, then its training questions, then `extra_texts`.
 
-    `extra_texts` (e.g. the prompt instruction) adds text the model will also see.
+    `world` is a world directory, a `World` (from `generate_world` / `read_world`), or the texts
+    themselves. `extra_texts` adds text the model will also see (e.g. the prompt instruction);
+    `extra_tokens` become single tokens (e.g. entity names). The one place the project fits a
+    tokenizer to a world: the warm start, the tests and the benchmarks all call it.
     """
     texts: Iterable[str]
-    texts = _world_texts(Path(world)) if isinstance(world, (str, Path)) else world
-    return train_bpe_tokenizer([*texts, *extra_texts], vocab_size)
+    if isinstance(world, (str, Path)):
+        texts = _world_texts(Path(world))
+    elif hasattr(world, "corpus") and hasattr(world, "train"):
+        texts = [d["contents"] for d in world.corpus] + [q.question for q in world.train]
+    else:
+        texts = world
+    return train_bpe_tokenizer(
+        [*texts, *extra_texts], vocab_size + len(extra_tokens), extra_tokens=extra_tokens
+    )

@@ -22,6 +22,20 @@ from llds.train.evaluate import evaluate
 EVAL_DIR = "eval"
 
 
+def eval_file(run_dir: str | Path, step: int) -> Path:
+    """Where an evaluation of a run's model after `step` steps is kept: `RUN/eval/step_N.json`.
+
+    The one convention for every evaluation (periodic ones during training, the demo's final
+    ones, a warm start's at step 0), so `llds report` finds held-out EM for any run."""
+    return Path(run_dir) / EVAL_DIR / f"step_{step:06d}.json"
+
+
+def latest_eval_file(run_dir: str | Path) -> Path | None:
+    """The evaluation of the highest step kept for a run, or None."""
+    files = sorted((Path(run_dir) / EVAL_DIR).glob("step_*.json"))
+    return files[-1] if files else None
+
+
 def eval_metrics(result: dict[str, Any]) -> dict[str, float]:
     """`evaluate()`'s aggregates as flat `eval/...` metric keys (overall, per hop count)."""
     overall = result["overall"]
@@ -66,7 +80,7 @@ class PeriodicEvaluator:
         finally:
             model.train(was_training)
         if self.out_dir is not None:
-            write_json(Path(self.out_dir) / EVAL_DIR / f"step_{step:06d}.json", result)
+            write_json(eval_file(self.out_dir, step), result)
         return eval_metrics(result)
 
 
