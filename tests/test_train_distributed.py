@@ -3,9 +3,11 @@ process on the same global batch."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -146,3 +148,16 @@ def test_fsdp_trainer_equals_one_process_and_resumes(tmp_path, small_world, worl
     assert [r["step"] for r in read_metrics(tmp_path / "resumed")] == [1, 2]
     for key in ("reward/mean", "policy/grad_norm", "optim/update_ratio"):
         assert m_fsdp[0][key] == pytest.approx(m_one[0][key], rel=1e-4), key
+
+
+@pytest.mark.slow
+def test_llds_ma_beta_is_computed_over_the_global_batch(tmp_path):
+    worker = Path(__file__).with_name("beta_worker.py")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        _torchrun(str(worker), str(tmp_path)), env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = [json.loads((tmp_path / f"beta{r}.json").read_text()) for r in (0, 1)]
+    assert [g["world"] for g in got] == [2, 2]
+    assert [g["beta"] for g in got] == [1.0, 1.0]  # per rank it would be 1.0 and 0.0

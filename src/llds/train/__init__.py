@@ -23,4 +23,9 @@ def run(cfg: TrainConfig, *, resume: bool = True) -> Path:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     GRPOTrainer(cfg, resume=resume).train()
+    import torch.distributed as td
+
+    if td.is_available() and td.is_initialized():  # a clean exit for multi-process runs:
+        td.barrier()  # gloo threads still alive at interpreter exit can abort the process
+        td.destroy_process_group()
     return Path(cfg.run_dir)

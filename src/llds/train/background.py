@@ -20,7 +20,11 @@ from llds.train.config import TrainConfig
 def _run_logged(cfg: TrainConfig, log_path: str) -> None:
     from llds.train import run
 
-    with open(log_path, "w", encoding="utf-8") as log, contextlib.redirect_stdout(log):
+    with (
+        open(log_path, "w", encoding="utf-8") as log,
+        contextlib.redirect_stdout(log),
+        contextlib.redirect_stderr(log),  # progress bars of model loading go to the log too
+    ):
         logging.basicConfig(level=logging.INFO, stream=log, format="%(message)s", force=True)
         run(cfg)
 

@@ -125,7 +125,7 @@ class DiagnosticsConfig:
     rollback_llds_coef: float = 0.2
     update_ratio: bool = True
     """log `optim/update_ratio` = ||delta theta|| / ||theta|| per step (keeps one copy of the
-    trainable weights during the update)"""
+    trainable weights during the update; off with `enabled: false` too)"""
 
 
 @dataclass

@@ -485,15 +485,10 @@ class GRPOTrainer:
         return lc.coef if lc.enabled else 0.0
 
     def _answer_weight(self, batch: RolloutBatch) -> float:
-        """LLDS-MA's beta from the mean valid searches per rollout of the GLOBAL batch."""
         lc = self.cfg.algo.llds
         if lc.answer_weight is not None:
             return lc.answer_weight
-        searches = self.dist.sum(sum(e.num_valid_searches for e in batch.episodes))
-        rollouts = self.dist.sum(len(batch))
-        return answer_weight_schedule(
-            float(searches) / max(1.0, float(rollouts)), lc.answer_baseline
-        )
+        return global_answer_weight(batch.episodes, self.dist, lc.answer_baseline)
 
     def _update(
         self, batch: RolloutBatch, adv, old_logp, ref_logp, k: int, global_rows: list[int]
@@ -516,7 +511,8 @@ class GRPOTrainer:
         )
         beta = self._answer_weight(batch) if (use_llds and lc.mask_answer) else 1.0
         params = [p for p in self.model.parameters() if p.requires_grad]
-        start = [_local(p).clone() for p in params] if cfg.diagnostics.update_ratio else None
+        track = cfg.diagnostics.enabled and cfg.diagnostics.update_ratio
+        start = [_local(p).clone() for p in params] if track else None
         local_of = {gid: local for local, gid in enumerate(global_rows)}
         n_global = cfg.prompts_per_step * cfg.rollout.group_size
         gen = torch.Generator().manual_seed(cfg.seed * 7_919 + k)
@@ -767,6 +763,15 @@ class GRPOTrainer:
             path = publish_checkpoint(self.ckpt_root, self.step, tmp, self.cfg.keep_checkpoints)
         self.dist.barrier()
         return path
+
+
+def global_answer_weight(episodes: Sequence[Any], dist: Dist, baseline: float) -> float:
+    """LLDS-MA's beta = min(V / baseline, 1) with V the mean valid searches per rollout of the
+    GLOBAL batch (every process's rollouts): each rank then weights answers alike. A per-rank
+    beta would differ between ranks whenever the clip at 1 acts on one of them."""
+    searches = dist.sum(sum(e.num_valid_searches for e in episodes))
+    rollouts = dist.sum(len(episodes))
+    return answer_weight_schedule(float(searches) / max(1.0, float(rollouts)), baseline)
 
 
 def rollout_seed(seed: int, step: int, row: int) -> int:

@@ -1,0 +1,23 @@
+"""Worker for test_train_distributed: LLDS-MA's beta computed on 2 ranks with different batches.
+
+Rank 0's rollouts searched 4 times each, rank 1's never: the global mean is 2 valid searches
+per rollout, so beta = min(2 / 2, 1) = 1 on both ranks (per rank it would be 1 and 0).
+"""
+
+import json
+import sys
+from types import SimpleNamespace
+
+from llds.train.distributed import Dist
+from llds.train.trainer import global_answer_weight
+
+dist = Dist()
+searches = 4 if dist.rank == 0 else 0
+episodes = [SimpleNamespace(num_valid_searches=searches) for _ in range(3)]
+beta = global_answer_weight(episodes, dist, baseline=2.0)
+with open(f"{sys.argv[1]}/beta{dist.rank}.json", "w") as f:
+    json.dump({"rank": dist.rank, "world": dist.world, "beta": beta}, f)
+dist.barrier()
+import torch.distributed as td  # noqa: E402
+
+td.destroy_process_group()  # a clean exit: gloo threads alive at interpreter exit can abort it
