@@ -29,8 +29,11 @@ from torch import Tensor
 
 from llds.errors import ConfigError
 from llds.io import atomic_write, write_json
+from llds.sft import SFTConfig
 from llds.train.forward import pack_by_length
 from llds.train.sft_data import ExpertEpisode
+
+_DEFAULTS = SFTConfig()  # the one set of SFT defaults; `sft_train`'s keywords fall back to it
 
 METRICS_FILE = "sft_metrics.jsonl"
 PLOT_FILE = "sft_loss.png"
@@ -233,12 +236,12 @@ def sft_train(
     tokenizer: Any,
     episodes: Sequence[ExpertEpisode],
     *,
-    lr: float = 1e-3,
+    lr: float = _DEFAULTS.lr,
     steps: int | None = None,
     epochs: float | None = None,
-    batch_size: int = 16,
-    micro_batch_tokens: int = 8192,
-    warmup: int = 10,
+    batch_size: int = _DEFAULTS.batch_size,
+    micro_batch_tokens: int = _DEFAULTS.micro_batch_tokens,
+    warmup: int = _DEFAULTS.warmup,
     weight_decay: float = 0.0,
     max_grad_norm: float = 1.0,
     seed: int = 0,
