@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from llds import metrics as keys
 from llds.diagnostics.phases import PhaseConfig, PhaseLabel, PhaseTracker, Sample
 from llds.diagnostics.robust import as_float, median
 
@@ -51,7 +52,7 @@ ALARM_KINDS: tuple[str, ...] = tuple(SEVERITY)
 ACTIONABLE_KINDS: frozenset[str] = frozenset({"likelihood_decay", "collapse", "reward_collapse"})
 POLICIES: tuple[str, ...] = ("warn", "stop", "rollback")
 
-SKIPPED_KEY = "optim/skipped_total"
+SKIPPED_KEY = keys.SKIPPED_TOTAL
 _SPIKE_KINDS = {
     "entropy": ("entropy_spike", "policy entropy"),
     "grad_norm": ("grad_norm_spike", "gradient norm"),

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from torch import Tensor
 
+from llds import metrics as keys
 from llds.algo.masking import masked_fill_zero
 from llds.algo.segments import segment_sums
 
@@ -37,8 +38,8 @@ def likelihood_metrics(
     per_row = masked_fill_zero(logp, mask).sum(-1) / tokens.clamp(min=1)
     correct = correct.bool()
     out = {
-        "lld/logp_correct": _mean(per_row[has & correct]),
-        "lld/logp_incorrect": _mean(per_row[has & ~correct]),
+        keys.LOGP_CORRECT: _mean(per_row[has & correct]),
+        keys.LOGP_INCORRECT: _mean(per_row[has & ~correct]),
         "lld/logp_first_action": _mean(logp[action_index == 0]),
         "lld/logp_later_actions": _mean(logp[action_index > 0]),
     }
@@ -69,13 +70,13 @@ def displacement_metrics(
     inc_actions = per_action[action_exists & (~correct & has).unsqueeze(1)]
     c, i = has & correct, has & ~correct
     return {
-        "lld/disp_correct": _mean(per_row[c]),
-        "lld/disp_incorrect": _mean(per_row[i]),
+        keys.DISP_CORRECT: _mean(per_row[c]),
+        keys.DISP_INCORRECT: _mean(per_row[i]),
         "lld/disp_correct_per_token": _mean(per_row_tok[c]),
         "lld/disp_incorrect_per_token": _mean(per_row_tok[i]),
         "lld/disp_correct_action": _mean(corr_actions),
         "lld/disp_incorrect_action": _mean(inc_actions),
-        "lld/frac_correct_fell": _mean((per_row[c] < 0).float()),
+        keys.FRAC_CORRECT_FELL: _mean((per_row[c] < 0).float()),
         "lld/frac_correct_actions_fell": _mean((corr_actions < 0).float()),
     }
 

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from llds import metrics as keys
 from llds.diagnostics.robust import (
     Spike,
     Trend,
@@ -31,12 +32,12 @@ from llds.diagnostics.robust import (
 Phase = Literal["warmup", "healthy", "stagnation", "steady_decay", "collapse"]
 PHASES: tuple[Phase, ...] = ("warmup", "healthy", "stagnation", "steady_decay", "collapse")
 
-LOGP_KEY = "lld/logp_correct"
-REWARD_KEY = "reward/mean"
-ENTROPY_KEY = "policy/entropy"
-GRAD_NORM_KEY = "policy/grad_norm"
-RATIO_MAX_KEY = "policy/ratio_max"
-FELL_KEY = "lld/frac_correct_fell"
+LOGP_KEY = keys.LOGP_CORRECT
+REWARD_KEY = keys.REWARD_MEAN
+ENTROPY_KEY = keys.ENTROPY
+GRAD_NORM_KEY = keys.GRAD_NORM
+RATIO_MAX_KEY = keys.RATIO_MAX
+FELL_KEY = keys.FRAC_CORRECT_FELL
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from llds import metrics as keys
 from llds.diagnostics.alarms import Alarm
 from llds.diagnostics.phases import PhaseLabel, phase_spans
 from llds.diagnostics.robust import as_float
@@ -72,33 +73,33 @@ class Panel:
 
 
 PANELS: tuple[Panel, ...] = (
-    Panel("Reward", "mean reward (dotted: EM)", "reward/mean", "reward/em"),
+    Panel("Reward", "mean reward (dotted: EM)", keys.REWARD_MEAN, keys.REWARD_EM),
     Panel(
         "Log-likelihood of responses",
         "mean log-prob per token",
-        "lld/logp_correct",
-        "lld/logp_incorrect",
+        keys.LOGP_CORRECT,
+        keys.LOGP_INCORRECT,
         note="solid: correct, dashed: incorrect",
     ),
     Panel(
         "Likelihood displacement per update",
         "sum of log-prob change",
-        "lld/disp_correct",
-        "lld/disp_incorrect",
+        keys.DISP_CORRECT,
+        keys.DISP_INCORRECT,
         hline=0.0,
         note="solid: correct, dashed: incorrect",
     ),
     Panel(
         "Correct responses whose likelihood fell",
         "share of responses",
-        "lld/frac_correct_fell",
+        keys.FRAC_CORRECT_FELL,
         hline=0.5,
     ),
-    Panel("Policy entropy", "nats per token", "policy/entropy"),
-    Panel("Gradient norm", "L2 norm (log scale)", "policy/grad_norm", log_y=True),
-    Panel("Max likelihood ratio", "pi / pi_old (log scale)", "policy/ratio_max", log_y=True),
-    Panel("Valid searches", "searches per rollout", "rollout/valid_searches"),
-    Panel("Response length", "model tokens per rollout", "rollout/response_tokens"),
+    Panel("Policy entropy", "nats per token", keys.ENTROPY),
+    Panel("Gradient norm", "L2 norm (log scale)", keys.GRAD_NORM, log_y=True),
+    Panel("Max likelihood ratio", "pi / pi_old (log scale)", keys.RATIO_MAX, log_y=True),
+    Panel("Valid searches", "searches per rollout", keys.VALID_SEARCHES),
+    Panel("Response length", "model tokens per rollout", keys.RESPONSE_TOKENS),
 )
 
 
@@ -225,9 +226,9 @@ def comparison_figure(runs: Sequence[RunSeries]) -> bytes:
             has_data |= bool(xs)
             if panel.dashed_key:
                 dx, dy = series(run.rows, panel.dashed_key)
-                if panel.dashed_key == "reward/em" and dy == ys:
+                if panel.dashed_key == keys.REWARD_EM and dy == ys:
                     continue  # EM is the reward: one line says it
-                style = ":" if panel.dashed_key == "reward/em" else "--"
+                style = ":" if panel.dashed_key == keys.REWARD_EM else "--"
                 _plot_series(ax, dx, dy, run.color, linestyle=style)
                 has_data |= bool(dx)
             _alarm_lines(ax, run)
@@ -289,15 +290,15 @@ def timeline_figure(runs: Sequence[RunSeries]) -> bytes:
 
 
 DETAIL_PANELS: tuple[Panel, ...] = (
-    Panel("Reward", "mean reward", "reward/mean"),
+    Panel("Reward", "mean reward", keys.REWARD_MEAN),
     Panel(
         "Log-likelihood (solid: correct, dashed: incorrect)",
         "mean log-prob per token",
-        "lld/logp_correct",
-        "lld/logp_incorrect",
+        keys.LOGP_CORRECT,
+        keys.LOGP_INCORRECT,
     ),
-    Panel("Policy entropy", "nats per token", "policy/entropy"),
-    Panel("Gradient norm", "L2 norm (log scale)", "policy/grad_norm", log_y=True),
+    Panel("Policy entropy", "nats per token", keys.ENTROPY),
+    Panel("Gradient norm", "L2 norm (log scale)", keys.GRAD_NORM, log_y=True),
 )
 
 

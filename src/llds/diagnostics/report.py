@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from llds import metrics as keys
 from llds.diagnostics.alarms import Alarm, AlarmConfig, AlarmMonitor
 from llds.diagnostics.phases import PHASES, PhaseLabel, phase_spans
 from llds.diagnostics.plots import (
@@ -99,7 +100,7 @@ def default_labels(run_dirs: Sequence[Path]) -> list[str]:
 
 def summarize(run: RunData) -> dict[str, Any]:
     """The per-run summary row (JSON-friendly)."""
-    rewards = [v for v in (as_float(r.get("reward/mean")) for r in run.rows) if v is not None]
+    rewards = [v for v in (as_float(r.get(keys.REWARD_MEAN)) for r in run.rows) if v is not None]
     tail = rewards[-10:]
     levels = [median(rewards[max(0, i - 4) : i + 1]) for i in range(len(rewards))]
     serious = [a for a in run.alarms if a.severity != "info"]

@@ -11,6 +11,8 @@ import math
 import random
 from typing import Any, Literal
 
+from llds import metrics as keys
+
 Scenario = Literal["healthy", "stagnation", "steady_decay", "collapse"]
 SCENARIOS: tuple[Scenario, ...] = ("healthy", "stagnation", "steady_decay", "collapse")
 
@@ -64,21 +66,21 @@ def synthetic_rows(
         rows.append(
             {
                 "step": step,
-                "reward/mean": reward,
-                "reward/em": reward,
-                "lld/logp_correct": logp,
-                "lld/logp_incorrect": logp - 0.35 + gauss(0.02),
-                "lld/disp_correct": 0.02 * (logp + 0.45)
+                keys.REWARD_MEAN: reward,
+                keys.REWARD_EM: reward,
+                keys.LOGP_CORRECT: logp,
+                keys.LOGP_INCORRECT: logp - 0.35 + gauss(0.02),
+                keys.DISP_CORRECT: 0.02 * (logp + 0.45)
                 + gauss(0.01)
                 + (0.01 if fell < 0.5 else -0.02),
-                "lld/disp_incorrect": -0.05 + gauss(0.01),
-                "lld/frac_correct_fell": min(1.0, max(0.0, fell + gauss(0.05))),
-                "policy/entropy": entropy * math.exp(gauss(0.03)),
-                "policy/grad_norm": grad * math.exp(gauss(0.10)),
-                "policy/ratio_max": ratio * math.exp(gauss(0.05)),
-                "rollout/valid_searches": max(0.0, 1.0 + 0.005 * step + gauss(0.05)),
-                "rollout/response_tokens": max(10.0, 180 + 0.3 * step + gauss(8)),
-                "optim/skipped_total": 0,
+                keys.DISP_INCORRECT: -0.05 + gauss(0.01),
+                keys.FRAC_CORRECT_FELL: min(1.0, max(0.0, fell + gauss(0.05))),
+                keys.ENTROPY: entropy * math.exp(gauss(0.03)),
+                keys.GRAD_NORM: grad * math.exp(gauss(0.10)),
+                keys.RATIO_MAX: ratio * math.exp(gauss(0.05)),
+                keys.VALID_SEARCHES: max(0.0, 1.0 + 0.005 * step + gauss(0.05)),
+                keys.RESPONSE_TOKENS: max(10.0, 180 + 0.3 * step + gauss(8)),
+                keys.SKIPPED_TOTAL: 0,
             }
         )
     return rows

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from llds.metrics import reduction_of
+
 
 class Dist:
     def __init__(self) -> None:
@@ -59,7 +61,7 @@ class Dist:
             td.all_reduce(p.grad)
 
     def reduce_metrics(self, metrics: dict[str, Any], weight: float) -> dict[str, Any]:
-        """Weighted mean over ranks (NaN-aware); `*_max` keys take the max, `*_min` the min."""
+        """Combine each metric over ranks as `llds.metrics.reduction_of` says (NaN-aware)."""
         if not self.enabled:
             return metrics
         import torch.distributed as td
@@ -73,12 +75,12 @@ class Dist:
             nums = [(v, w) for v, w in vals if isinstance(v, int | float) and not _isnan(v)]
             if not nums:
                 out[k] = float("nan")
-            elif k.endswith("_max"):
+            elif (how := reduction_of(k)) == "max":
                 out[k] = max(v for v, _ in nums)
-            elif k.endswith("_min"):
+            elif how == "min":
                 out[k] = min(v for v, _ in nums)
-            elif k.startswith(("time/", "optim/")):
-                out[k] = max(v for v, _ in nums)
+            elif how == "same":
+                out[k] = nums[0][0]
             else:
                 total = sum(w for _, w in nums)
                 out[k] = sum(v * w for v, w in nums) / total if total else float("nan")

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from llds import metrics as keys
 from llds.algo import answer_weight_schedule, group_advantages, masked_mean, preserving_mask
 from llds.algo.objective import LLDS_STATS, POLICY_STATS, Objective, grpo_objective
 from llds.data.example import QAExample
@@ -612,23 +613,25 @@ class GRPOTrainer:
                 n_updates += 1
         n_mb = cfg.optim.mini_batches * cfg.optim.epochs
         out = {key: val / n_mb for key, val in acc.items()}
-        if "llds/first_step_gate_frac" in acc:  # measured on one mini-batch, not averaged over all
-            out["llds/first_step_gate_frac"] = acc["llds/first_step_gate_frac"] / max(
+        if (
+            keys.LLDS_FIRST_STEP_GATE_FRAC in acc
+        ):  # measured on one mini-batch, not averaged over all
+            out[keys.LLDS_FIRST_STEP_GATE_FRAC] = acc[keys.LLDS_FIRST_STEP_GATE_FRAC] / max(
                 1, first_mini_batches
             )
-        for key in ("policy/pg_loss", "policy/kl", "llds/loss"):
+        for key in (keys.PG_LOSS, keys.KL, keys.LLDS_LOSS):
             if key in out:  # this rank's share of a global sum: the cross-rank mean restores it
                 out[key] *= self.dist.world
         out.update(extremes)
-        out["policy/grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
+        out[keys.GRAD_NORM] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
         out["policy/grad_norm_max"] = max(grad_norms) if grad_norms else float("nan")
         out["optim/updates"] = n_updates
-        out["optim/skipped_total"] = self.skipped_updates
+        out[keys.SKIPPED_TOTAL] = self.skipped_updates
         if start is not None:
             moved, size = update_ratio(start, [_local(p) for p in params])
             if self.sharded:  # each rank holds a shard: sum both parts over ranks
                 moved, size = float(self.dist.sum(moved)), float(self.dist.sum(size))
-            out["optim/update_ratio"] = math.sqrt(moved / size) if size > 0 else 0.0
+            out[keys.UPDATE_RATIO] = math.sqrt(moved / size) if size > 0 else 0.0
         if use_llds:
             out["llds/answer_weight"] = beta
         self.optimizer.zero_grad(set_to_none=True)
@@ -645,21 +648,21 @@ class GRPOTrainer:
         all_right = sum(1 for g in groups.values() if sum(g) == len(g))
         stops = Counter(e.stop_reason for e in eps)
         m: dict[str, float] = {
-            "reward/mean": float(batch.rewards.mean()),
-            "reward/em": sum(e.em for e in eps) / n,
+            keys.REWARD_MEAN: float(batch.rewards.mean()),
+            keys.REWARD_EM: sum(e.em for e in eps) / n,
             "reward/f1": sum(e.f1 for e in eps) / n,
             "reward/sub_em": sum(e.sub_em for e in eps) / n,
-            "rollout/valid_searches": sum(e.num_valid_searches for e in eps) / n,
+            keys.VALID_SEARCHES: sum(e.num_valid_searches for e in eps) / n,
             "rollout/turns": sum(e.num_turns for e in eps) / n,
             "rollout/invalid_actions": sum(e.num_invalid for e in eps) / n,
-            "rollout/response_tokens": float(batch.loss_mask.sum()) / n,
+            keys.RESPONSE_TOKENS: float(batch.loss_mask.sum()) / n,
             "rollout/answered_frac": stops["answer"] / n,
             # a count over the global batch (every rank logs the same sum)
-            "rollout/context_capped": float(self.dist.sum(sum(e.context_capped for e in eps))),
+            keys.CONTEXT_CAPPED: float(self.dist.sum(sum(e.context_capped for e in eps))),
             "rollout/valid_format_frac": sum(e.valid_format for e in eps) / n,
             "groups/mixed_frac": mixed / max(1, len(groups)),
             "groups/all_correct_frac": all_right / max(1, len(groups)),
-            "policy/entropy": float(masked_mean(entropy, batch.loss_mask))
+            keys.ENTROPY: float(masked_mean(entropy, batch.loss_mask))
             if entropy is not None
             else float("nan"),
             "advantage/abs_mean": float(adv.abs().mean()),
@@ -791,23 +794,21 @@ def _accumulate(
     """Add one micro-batch's objective stats to the mini-batch's: losses are shares of a global
     sum (added), fractions are weighted by the micro-batch's share of the tokens, ratio extremes
     are extremes; LLDS's gate on the batch's first step is kept apart (it measures noise)."""
-    acc["policy/pg_loss"] += float(stats["policy/pg_loss"])
+    acc[keys.PG_LOSS] += float(stats[keys.PG_LOSS])
     for key in POLICY_STATS:
         acc[f"policy/{key}"] += float(stats[f"policy/{key}"]) * share
-    extremes["policy/ratio_max"] = max(
-        extremes.get("policy/ratio_max", -1e30), float(stats["policy/ratio_max"])
+    extremes[keys.RATIO_MAX] = max(
+        extremes.get(keys.RATIO_MAX, -1e30), float(stats[keys.RATIO_MAX])
     )
-    extremes["policy/ratio_min"] = min(
-        extremes.get("policy/ratio_min", 1e30), float(stats["policy/ratio_min"])
-    )
-    if "policy/kl" in stats:
-        acc["policy/kl"] += float(stats["policy/kl"])
-    if "llds/gate_frac" not in stats:
+    extremes[keys.RATIO_MIN] = min(extremes.get(keys.RATIO_MIN, 1e30), float(stats[keys.RATIO_MIN]))
+    if keys.KL in stats:
+        acc[keys.KL] += float(stats[keys.KL])
+    if keys.LLDS_GATE_FRAC not in stats:
         return
     if first:
-        acc["llds/first_step_gate_frac"] += float(stats["llds/gate_frac"]) * share
+        acc[keys.LLDS_FIRST_STEP_GATE_FRAC] += float(stats[keys.LLDS_GATE_FRAC]) * share
     if llds_acts:
-        acc["llds/loss"] += float(stats["llds/loss"])
+        acc[keys.LLDS_LOSS] += float(stats[keys.LLDS_LOSS])
         for key in LLDS_STATS:
             acc[f"llds/{key}"] += float(stats[f"llds/{key}"]) * share
 
