@@ -109,3 +109,38 @@ def test_print_config_shows_the_one_top_k(capsys):
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed["rollout"]["topk"] == printed["retriever"]["topk"] == 2
     json.dumps(printed)
+
+
+def test_eval_and_probe_commands_use_the_saved_protocol(
+    tmp_path, small_world, world_tokenizer, capsys
+):
+    from conftest import write_run_inputs
+
+    write_run_inputs(tmp_path, small_world, world_tokenizer)
+    model = tmp_path / "model"
+    Protocol(prompt_template="Question: {question}\n", topk=2, max_turns=2).write(model)
+    data, corpus = tmp_path / "world" / "test.jsonl", tmp_path / "world" / "corpus.jsonl"
+    out = tmp_path / "eval.json"
+    common = ["--model", str(model), "--data", str(data), "--retriever", str(corpus)]
+    assert main(["eval", *common, "--limit", "4", "--out", str(out), "--max-turn-tokens", "8"]) == 0
+    printed = capsys.readouterr().out
+    assert f"{model}/llds_protocol.json" in printed and "topk=2, max_turns=2" in printed
+    assert "max_turn_tokens=8" in printed  # a flag overrides one value
+    assert json.loads(out.read_text())["overall"]["n"] == 4
+    probe_dir = tmp_path / "probe"
+    rc = main(
+        [
+            "probe",
+            *common,
+            "--out",
+            str(probe_dir),
+            "--limit",
+            "2",
+            "--group-size",
+            "2",
+            "--max-turn-tokens",
+            "8",
+        ]
+    )
+    assert rc == 0 and (probe_dir / "probe.json").is_file()
+    assert "topk=2, max_turns=2" in capsys.readouterr().out

@@ -9,9 +9,10 @@ Displacement: the negative gradients of similar wrong responses dragged the corr
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -21,6 +22,9 @@ from llds.data.example import QAExample
 from llds.env.prompts import PromptTemplate, build_prompt_ids
 from llds.rollout import RolloutConfig, RolloutEngine, RolloutRequest
 from llds.train.forward import batched_log_probs, response_log_probs
+
+if TYPE_CHECKING:
+    from llds.env.protocol import Protocol
 
 
 @dataclass
@@ -164,3 +168,80 @@ def plot_probe(results: Sequence[ProbeResult], path, title: str = "One-step prob
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+@dataclasses.dataclass
+class ProbeConfig:
+    """`llds probe`'s options (its flags are generated from these fields); how the model talks
+    to the search engine is its `Protocol`."""
+
+    model: str = dataclasses.field(
+        default="", metadata={"help": "HF model directory, hub id, or smollm2"}
+    )
+    data: list[str] = dataclasses.field(
+        default_factory=list, metadata={"help": ".parquet / .jsonl files or trivia:LISTS"}
+    )
+    retriever: str = dataclasses.field(
+        default="", metadata={"help": "corpus .jsonl, index directory or http URL"}
+    )
+    out: str = dataclasses.field(
+        default="", metadata={"help": "directory for probe.json and probe.png"}
+    )
+    limit: int = dataclasses.field(
+        default=64, metadata={"help": "questions to sample (mixed groups are probed)"}
+    )
+    group_size: int = dataclasses.field(default=8, metadata={"help": "rollouts per question"})
+    lr: float = dataclasses.field(default=1e-6, metadata={"help": "step size of the probe update"})
+    optimizer: Literal["adam", "sgd"] = dataclasses.field(
+        default="adam", metadata={"help": "optimizer of the probe update"}
+    )
+    temperature: float = dataclasses.field(default=1.0, metadata={"help": "sampling temperature"})
+    seed: int = dataclasses.field(default=0, metadata={"help": "sampling seed"})
+    device: str = dataclasses.field(default="auto", metadata={"help": "cpu, cuda, auto"})
+
+
+def probe_model(
+    cfg: ProbeConfig, protocol: Protocol | None = None
+) -> tuple[dict[str, Any], list[ProbeResult]]:
+    """Run the probe on `cfg.model` with its saved protocol (or the given one); writes
+    `OUT/probe.json` (and `OUT/probe.png` when a question was probed)."""
+    from pathlib import Path
+
+    from llds.data.loaders import load_many
+    from llds.env.protocol import Protocol
+    from llds.io import write_json
+    from llds.retrieval.factory import open_retriever
+    from llds.train.config import ModelConfig
+    from llds.train.setup import load_model
+
+    proto = protocol or Protocol.read(cfg.model) or Protocol()
+    model, tok = load_model(ModelConfig(path=cfg.model, device=cfg.device))
+    rollout = RolloutConfig(
+        group_size=cfg.group_size,
+        max_turns=proto.max_turns,
+        topk=proto.topk,
+        max_turn_tokens=proto.max_turn_tokens,
+        max_obs_tokens=proto.max_obs_tokens,
+        max_total_tokens=proto.max_total_tokens,
+        temperature=cfg.temperature,
+    )
+    template = None if proto.prompt_template is None else PromptTemplate(proto.prompt_template)
+    results = run_probe(
+        model,
+        tok,
+        open_retriever(cfg.retriever),
+        load_many(cfg.data, limit=cfg.limit),
+        group_size=cfg.group_size,
+        rollout=rollout,
+        lr=cfg.lr,
+        optimizer=cfg.optimizer,
+        seed=cfg.seed,
+        template=template,
+        chat=proto.chat,
+    )
+    out = Path(cfg.out)
+    summary = summarize(results)
+    write_json(out / "probe.json", summary)
+    if results:
+        plot_probe(results, out / "probe.png")
+    return summary, results

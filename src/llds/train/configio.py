@@ -259,11 +259,16 @@ def add_dataclass_arguments(
             continue
         tp = _without_none(hints[f.name])
         default = f.default if f.default is not dataclasses.MISSING else None
+        if f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
         text = f.metadata.get("help", "")
         help_text = f"{text} ({default})" if text else f"({default})"
         kwargs: dict[str, Any] = {"dest": f.name, "default": None, "help": help_text}
         if tp is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
+        elif typing.get_origin(tp) is list:
+            kwargs["nargs"] = "+"
+            kwargs["type"] = (typing.get_args(tp) or (str,))[0]
         elif typing.get_origin(tp) is typing.Literal:
             kwargs["choices"] = list(typing.get_args(tp))
         elif tp in (int, float, str):

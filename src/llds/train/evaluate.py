@@ -5,11 +5,14 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llds.data.example import QAExample
 from llds.env.prompts import PromptTemplate, build_prompt_ids
 from llds.rollout import RolloutConfig, RolloutEngine, RolloutRequest
+
+if TYPE_CHECKING:
+    from llds.env.protocol import Protocol
 
 
 def evaluate(
@@ -116,3 +119,67 @@ def results_table(results: dict[str, Any]) -> str:
         row(f"{k}-hop", a)
     row("**overall**", results["overall"])
     return "\n".join(lines)
+
+
+@dataclasses.dataclass
+class EvalConfig:
+    """`llds eval`'s options (its flags are generated from these fields). How the model talks to
+    the search engine (template, top-k, turn limits) is its `Protocol`, not part of this."""
+
+    model: str = dataclasses.field(
+        default="", metadata={"help": "HF model directory, hub id, or smollm2"}
+    )
+    data: list[str] = dataclasses.field(
+        default_factory=list, metadata={"help": ".parquet / .jsonl files or trivia:LISTS"}
+    )
+    retriever: str = dataclasses.field(
+        default="", metadata={"help": "corpus .jsonl, index directory or http URL"}
+    )
+    limit: int | None = dataclasses.field(
+        default=None, metadata={"help": "at most N examples per data file"}
+    )
+    batch_rows: int = dataclasses.field(
+        default=64, metadata={"help": "rollouts generated concurrently"}
+    )
+    out: str | None = dataclasses.field(
+        default=None, metadata={"help": "write results JSON here (default: print only)"}
+    )
+    dtype: str = dataclasses.field(default="float32", metadata={"help": "weights dtype"})
+    device: str = dataclasses.field(default="auto", metadata={"help": "cpu, cuda, auto"})
+
+
+def run_evaluation(cfg: EvalConfig, protocol: Protocol | None = None) -> dict[str, Any]:
+    """Greedy evaluation of `cfg.model` on `cfg.data` with the model's saved protocol (or the
+    given one); writes `cfg.out` when set and returns the results."""
+    from llds.data.loaders import load_many
+    from llds.env.protocol import Protocol
+    from llds.io import write_json
+    from llds.retrieval.factory import open_retriever
+    from llds.train.config import ModelConfig
+    from llds.train.setup import load_model
+
+    proto = protocol or Protocol.read(cfg.model) or Protocol()
+    model, tok = load_model(ModelConfig(path=cfg.model, dtype=cfg.dtype, device=cfg.device))
+    examples = load_many(cfg.data, limit=cfg.limit)
+    rollout = RolloutConfig(
+        max_turns=proto.max_turns,
+        topk=proto.topk,
+        max_turn_tokens=proto.max_turn_tokens,
+        max_obs_tokens=proto.max_obs_tokens,
+        max_total_tokens=proto.max_total_tokens,
+        max_rows=cfg.batch_rows,
+        temperature=0.0,
+    )
+    template = None if proto.prompt_template is None else PromptTemplate(proto.prompt_template)
+    results = evaluate(
+        model,
+        tok,
+        open_retriever(cfg.retriever),
+        examples,
+        rollout,
+        template=template,
+        chat=proto.chat,
+    )
+    if cfg.out:
+        write_json(cfg.out, results)
+    return results
