@@ -108,7 +108,6 @@ def test_print_config_shows_the_one_top_k(capsys):
     assert rc == 0
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed["rollout"]["topk"] == printed["retriever"]["topk"] == 2
-    json.dumps(printed)
 
 
 def test_eval_and_probe_commands_use_the_saved_protocol(

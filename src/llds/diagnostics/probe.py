@@ -21,6 +21,7 @@ from llds.algo.objective import Objective, grpo_objective
 from llds.data.example import QAExample
 from llds.env.prompts import PromptTemplate, build_prompt_ids
 from llds.rollout import RolloutConfig, RolloutEngine, RolloutRequest
+from llds.train.evaluate import ModelOnData
 from llds.train.forward import batched_log_probs, response_log_probs
 
 if TYPE_CHECKING:
@@ -171,19 +172,9 @@ def plot_probe(results: Sequence[ProbeResult], path, title: str = "One-step prob
 
 
 @dataclasses.dataclass
-class ProbeConfig:
-    """`llds probe`'s options (its flags are generated from these fields); how the model talks
-    to the search engine is its `Protocol`."""
+class ProbeConfig(ModelOnData):
+    """`llds probe`'s options (its flags are generated from these fields)."""
 
-    model: str = dataclasses.field(
-        default="", metadata={"help": "HF model directory, hub id, or smollm2"}
-    )
-    data: list[str] = dataclasses.field(
-        default_factory=list, metadata={"help": ".parquet / .jsonl files or trivia:LISTS"}
-    )
-    retriever: str = dataclasses.field(
-        default="", metadata={"help": "corpus .jsonl, index directory or http URL"}
-    )
     out: str = dataclasses.field(
         default="", metadata={"help": "directory for probe.json and probe.png"}
     )
@@ -217,15 +208,9 @@ def probe_model(
     proto = protocol or Protocol.read(cfg.model) or Protocol()
     model, tok = load_model(ModelConfig(path=cfg.model, device=cfg.device))
     rollout = RolloutConfig(
-        group_size=cfg.group_size,
-        max_turns=proto.max_turns,
-        topk=proto.topk,
-        max_turn_tokens=proto.max_turn_tokens,
-        max_obs_tokens=proto.max_obs_tokens,
-        max_total_tokens=proto.max_total_tokens,
-        temperature=cfg.temperature,
+        **proto.rollout_limits(), group_size=cfg.group_size, temperature=cfg.temperature
     )
-    template = None if proto.prompt_template is None else PromptTemplate(proto.prompt_template)
+    template = proto.template()
     results = run_probe(
         model,
         tok,

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from llds.env.prompts import PromptTemplate
 from llds.errors import DataFormatError
 from llds.io import atomic_write
 
@@ -58,6 +59,20 @@ class Protocol:
         if unknown:
             raise DataFormatError(f"{path}: unknown key(s) {unknown}; known: {sorted(known)}")
         return cls(**data)
+
+    def template(self) -> PromptTemplate | None:
+        """The prompt template, or None for the default instruction."""
+        return None if self.prompt_template is None else PromptTemplate(self.prompt_template)
+
+    def rollout_limits(self) -> dict[str, int]:
+        """The `RolloutConfig` fields this protocol fixes (`RolloutConfig(**limits, ...)`)."""
+        return {
+            "max_turns": self.max_turns,
+            "topk": self.topk,
+            "max_turn_tokens": self.max_turn_tokens,
+            "max_obs_tokens": self.max_obs_tokens,
+            "max_total_tokens": self.max_total_tokens,
+        }
 
     def merged(self, **overrides: Any) -> Protocol:
         """This protocol with every override that is not None applied (command-line flags)."""

@@ -122,9 +122,9 @@ def results_table(results: dict[str, Any]) -> str:
 
 
 @dataclasses.dataclass
-class EvalConfig:
-    """`llds eval`'s options (its flags are generated from these fields). How the model talks to
-    the search engine (template, top-k, turn limits) is its `Protocol`, not part of this."""
+class ModelOnData:
+    """What `llds eval` and `llds probe` both run on: a model, questions and a retriever. How the
+    model talks to the search engine (template, top-k, turn limits) is its `Protocol`."""
 
     model: str = dataclasses.field(
         default="", metadata={"help": "HF model directory, hub id, or smollm2"}
@@ -135,6 +135,12 @@ class EvalConfig:
     retriever: str = dataclasses.field(
         default="", metadata={"help": "corpus .jsonl, index directory or http URL"}
     )
+
+
+@dataclasses.dataclass
+class EvalConfig(ModelOnData):
+    """`llds eval`'s options (its flags are generated from these fields)."""
+
     limit: int | None = dataclasses.field(
         default=None, metadata={"help": "at most N examples per data file"}
     )
@@ -161,16 +167,8 @@ def run_evaluation(cfg: EvalConfig, protocol: Protocol | None = None) -> dict[st
     proto = protocol or Protocol.read(cfg.model) or Protocol()
     model, tok = load_model(ModelConfig(path=cfg.model, dtype=cfg.dtype, device=cfg.device))
     examples = load_many(cfg.data, limit=cfg.limit)
-    rollout = RolloutConfig(
-        max_turns=proto.max_turns,
-        topk=proto.topk,
-        max_turn_tokens=proto.max_turn_tokens,
-        max_obs_tokens=proto.max_obs_tokens,
-        max_total_tokens=proto.max_total_tokens,
-        max_rows=cfg.batch_rows,
-        temperature=0.0,
-    )
-    template = None if proto.prompt_template is None else PromptTemplate(proto.prompt_template)
+    rollout = RolloutConfig(**proto.rollout_limits(), max_rows=cfg.batch_rows, temperature=0.0)
+    template = proto.template()
     results = evaluate(
         model,
         tok,
