@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 
 import pytest
 import torch
@@ -17,7 +16,6 @@ from llds.train.forward import pack_by_length
 from llds.train.sft import (
     _pad_batch,
     batch_order,
-    lr_at,
     masked_token_loss_sum,
     sft_train,
 )
@@ -232,13 +230,7 @@ def test_outputs_written_and_model_loadable(setup, tmp_path) -> None:
     assert not list(tmp_path.glob(".model*"))  # no temporary folders left behind
 
 
-def test_schedule_and_order_by_hand() -> None:
-    assert lr_at(0, lr=1.0, warmup=4, total=10) == 0.25
-    assert lr_at(3, lr=1.0, warmup=4, total=10) == 1.0
-    assert lr_at(4, lr=1.0, warmup=4, total=10) == pytest.approx(1.0)
-    assert lr_at(10, lr=1.0, warmup=4, total=10) == pytest.approx(0.1)
-    mid = 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5))
-    assert lr_at(7, lr=1.0, warmup=4, total=10) == pytest.approx(mid)
+def test_batch_order_by_hand() -> None:
     order = batch_order(5, 2, 6, seed=3)
     assert [len(b) for b in order] == [2, 2, 1, 2, 2, 1]
     assert sorted(i for b in order[:3] for i in b) == list(range(5))

@@ -31,6 +31,7 @@ from llds.errors import ConfigError
 from llds.io import atomic_write, write_json
 from llds.sft import SFTConfig
 from llds.train.forward import pack_by_length
+from llds.train.lr_schedule import scheduled_lr
 from llds.train.sft_data import ExpertEpisode
 
 _DEFAULTS = SFTConfig()  # the one set of SFT defaults; `sft_train`'s keywords fall back to it
@@ -143,15 +144,6 @@ def batch_order(n: int, batch_size: int, steps: int, seed: int) -> list[list[int
             if len(batches) == steps:
                 break
     return batches
-
-
-def lr_at(step: int, *, lr: float, warmup: int, total: int, min_ratio: float = 0.1) -> float:
-    """Linear warm-up over `warmup` steps, then cosine decay to `min_ratio * lr` at `total`."""
-    if warmup > 0 and step < warmup:
-        return lr * (step + 1) / warmup
-    span = max(1, total - warmup)
-    progress = min(1.0, (step - warmup) / span)
-    return lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 def plot_losses(losses: Sequence[float], path: Path) -> Path:
@@ -295,7 +287,9 @@ def sft_train(
             torch.manual_seed(seed)  # dropout, if the model has any
             task = bar.add_task("SFT", total=total, loss="-")
             for step, rows in enumerate(batch_order(n, batch_size, total, seed)):
-                current_lr = lr_at(step, lr=lr, warmup=warmup, total=total)
+                current_lr = scheduled_lr(
+                    step, base_lr=lr, schedule="cosine", warmup=warmup, total=total, min_ratio=0.1
+                )
                 for group in optimizer.param_groups:
                     group["lr"] = current_lr
                 batch = [episodes[i] for i in rows]

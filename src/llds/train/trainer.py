@@ -50,6 +50,7 @@ from llds.train.config import TrainConfig
 from llds.train.configio import to_dict
 from llds.train.distributed import Dist
 from llds.train.forward import batched_log_probs, plan_micro_batches, response_log_probs
+from llds.train.lr_schedule import lr_factor
 from llds.train.periodic_eval import PeriodicEvaluator, eval_rollout_config, is_due
 from llds.train.precision import Precision, compute_dtype_of, update_ratio
 from llds.train.setup import PromptStream, frozen_copy, load_model
@@ -67,20 +68,6 @@ class NonFiniteError(RuntimeError):
 
 class CollapseAlarmStop(RuntimeError):
     """`diagnostics.on_alarm=stop` and an actionable collapse alarm fired."""
-
-
-def lr_lambda(schedule: str, warmup: int, total: int):
-    def f(step: int) -> float:
-        if warmup and step < warmup:
-            return (step + 1) / warmup
-        if schedule == "constant":
-            return 1.0
-        progress = min(1.0, (step - warmup) / max(1, total - warmup))
-        if schedule == "linear":
-            return 1.0 - progress
-        return 0.5 * (1.0 + math.cos(math.pi * progress))
-
-    return f
 
 
 class GRPOTrainer:
@@ -187,7 +174,7 @@ class GRPOTrainer:
             fused=_fusable(params),
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_lambda(cfg.optim.schedule, cfg.warmup_steps, cfg.steps)
+            self.optimizer, lr_factor(cfg.optim.schedule, cfg.warmup_steps, cfg.steps)
         )
         self.step = 0
         self.nonfinite_in_a_row = 0
