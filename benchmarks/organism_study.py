@@ -34,7 +34,7 @@ from llds.diagnostics.alarms import scan_alarms
 from llds.diagnostics.plots import moving_average
 from llds.train.background import start_run
 from llds.train.config import TrainConfig, load_config
-from llds.train.periodic_eval import eval_file
+from llds.train.eval_result import EvalResult, eval_file
 from llds.train.tracking import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -125,7 +125,7 @@ def summarize_run(path: Path) -> dict[str, Any]:
 
 def start_em(demo: Path) -> float | None:
     path = eval_file(demo / "sft", 0)
-    return json.loads(path.read_text())["overall"]["em"] if path.is_file() else None
+    return EvalResult.read(path).overall.em if path.is_file() else None
 
 
 def _cell(values: Sequence[float]) -> str:

@@ -30,6 +30,7 @@ from llds.data.loaders import load_trivia_lists
 from llds.models import load_smollm2
 from llds.retrieval.factory import build_retriever, corpus_passages
 from llds.rollout import RolloutConfig
+from llds.train.eval_result import EvalResult
 from llds.train.evaluate import evaluate
 from llds.train.sft import sft_train
 from llds.train.sft_data import build_expert_episodes
@@ -65,7 +66,7 @@ def main() -> None:
         max_rows=32,
     )
 
-    def held_out() -> tuple[dict, float]:
+    def held_out() -> tuple[EvalResult, float]:
         start = time.perf_counter()
         res = evaluate(model, tok, retriever, test, rollout, progress=False)
         return res, time.perf_counter() - start
@@ -108,19 +109,25 @@ def main() -> None:
     print("| model | held-out EM | F1 | sub-EM | valid searches / question | answered | eval s |")
     print("|---|---|---|---|---|---|---|")
     for name, res, secs in (("zero-shot", zero, zero_s), ("after SFT", after, after_s)):
-        o = res["overall"]
+        o = res.overall
         print(
-            f"| SmolLM2-135M-Instruct {name} | {o['em']:.3f} | {o['f1']:.3f} | "
-            f"{o['sub_em']:.3f} | {o['valid_searches']:.2f} | {o['answered']:.2f} | "
-            f"{secs:.0f} |"
+            f"| SmolLM2-135M-Instruct {name} | {o.em:.3f} | {o.f1:.3f} | "
+            f"{o.sub_em:.3f} | {o.valid_searches:.2f} | {o.answered:.2f} | {secs:.0f} |"
         )
     for name, res in (("zero-shot", zero), ("after SFT", after)):
         print(f"\n{name}, first answers:")
-        for r in res["records"][:4]:
-            print(f"  {r['question'][:60]!r} gold {r['golds'][0]!r} -> {r['prediction']!r}")
+        for r in res.records[:4]:
+            print(f"  {r.question[:60]!r} gold {r.golds[0]!r} -> {r.prediction!r}")
     if args.out:
         Path(args.out).write_text(
-            json.dumps({"zero_shot": zero, "after_sft": after, "sft_losses": sft.losses}, indent=1)
+            json.dumps(
+                {
+                    "zero_shot": zero.to_dict(),
+                    "after_sft": after.to_dict(),
+                    "sft_losses": sft.losses,
+                },
+                indent=1,
+            )
         )
 
 

@@ -30,7 +30,8 @@ def runs(tmp_path_factory) -> tuple[Path, Path]:
     grpo, llds = root / "grpo", root / "grpo_llds"
     write_jsonl(grpo / "metrics.jsonl", synthetic_rows("collapse", seed=1, steps=160))
     write_jsonl(llds / "metrics.jsonl", synthetic_rows("healthy", seed=2, steps=140))
-    overall = {"em": 0.412, "f1": 0.5, "sub_em": 0.45, "valid_searches": 1.8, "n": 500}
+    overall = {"em": 0.412, "f1": 0.5, "sub_em": 0.45, "valid_searches": 1.8, "answered": 0.9}
+    overall["n"] = 500
     # the evaluation convention: RUN/eval/step_N.json; the report reads the newest
     write_json(llds / "eval" / "step_000140.json", {"overall": overall, "by_source": {}})
     older = {**overall, "em": 0.1}

@@ -11,6 +11,7 @@ from conftest import TRAIN_BASE, make_tiny_model
 from llds.errors import ConfigError
 from llds.rollout import RolloutConfig
 from llds.train.config import load_config
+from llds.train.eval_result import EvalResult, Scores
 from llds.train.evaluate import evaluate
 from llds.train.periodic_eval import PeriodicEvaluator, eval_metrics, is_due
 from llds.train.trainer import GRPOTrainer
@@ -19,17 +20,12 @@ BASE = [*TRAIN_BASE, "rollout.max_turn_tokens=10", "diagnostics.enabled=false", 
 
 
 def test_eval_metrics_flatten_overall_and_hops() -> None:
-    result = {
-        "overall": {
-            "n": 4,
-            "em": 0.5,
-            "f1": 0.6,
-            "sub_em": 0.75,
-            "valid_searches": 1.5,
-            "answered": 1.0,
-        },
-        "by_hops": {"1": {"n": 2, "em": 1.0}, "2": {"n": 2, "em": 0.0}, "3": {"n": 0}},
-    }
+    result = EvalResult(
+        overall=Scores(4, em=0.5, f1=0.6, sub_em=0.75, valid_searches=1.5, answered=1.0),
+        by_source={},
+        by_hops={"1": Scores(2, em=1.0), "2": Scores(2, em=0.0), "3": Scores(0)},
+        records=[],
+    )
     assert eval_metrics(result) == {
         "eval/em": 0.5,
         "eval/f1": 0.6,
@@ -77,7 +73,8 @@ def test_evaluator_matches_evaluate_restores_mode_and_draws_no_randomness(
     )
     assert got == eval_metrics(ref)
     saved = json.loads((tmp_path / "eval" / "step_000007.json").read_text())
-    assert [r["prediction"] for r in saved["records"]] == [r["prediction"] for r in ref["records"]]
+    assert [r["prediction"] for r in saved["records"]] == [r.prediction for r in ref.records]
+    assert EvalResult.read(tmp_path / "eval" / "step_000007.json") == ref
 
 
 def test_trainer_logs_eval_without_changing_training(

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from llds.sft import SFTConfig
     from llds.train.config import TrainConfig
+    from llds.train.eval_result import EvalResult
 
 TEMPLATE = "Question: {question}\n"
 
@@ -113,9 +115,8 @@ def warm_start(cfg: DemoConfig, out: Path, console) -> None:
     sft.run(sft_cfg)
 
 
-def evaluate_model(model_dir: Path, out: Path, result_path: Path, n: int) -> dict[str, Any]:
+def evaluate_model(model_dir: Path, out: Path, result_path: Path, n: int) -> EvalResult:
     from llds.data.loaders import load_examples
-    from llds.io import write_json
     from llds.models.hf import load_policy
     from llds.retrieval.factory import open_retriever
     from llds.train.evaluate import evaluate
@@ -124,7 +125,7 @@ def evaluate_model(model_dir: Path, out: Path, result_path: Path, n: int) -> dic
     examples = load_examples(out / "world" / "test.jsonl", limit=n)
     retriever = open_retriever(out / "world" / "corpus.jsonl")
     res = evaluate(model, tok, retriever, examples, _rollout_cfg(), template=TEMPLATE)
-    write_json(result_path, res)
+    res.write(result_path)
     return res
 
 
@@ -186,7 +187,7 @@ def run_demo(cfg: DemoConfig) -> Path:
 
     from llds.diagnostics.report import write_report
     from llds.train.checkpoint import latest_checkpoint
-    from llds.train.periodic_eval import eval_file
+    from llds.train.eval_result import eval_file
 
     console = Console()
     out = Path(cfg.out)
@@ -216,13 +217,13 @@ def run_demo(cfg: DemoConfig) -> Path:
         table.add_column(col)
     summary = {}
     for label, res in results.items():
-        hops = res["by_hops"]
-        row = [res["overall"]["em"]] + [hops.get(h, {}).get("em", float("nan")) for h in "123"]
+        hops = res.em_by_hops("123")
+        row = [res.overall.em, *hops.values()]
         summary[label] = {
-            "em": res["overall"]["em"],
-            "by_hops": {h: hops.get(h, {}).get("em") for h in "123"},
+            "em": res.overall.em,
+            "by_hops": {h: None if math.isnan(v) else v for h, v in hops.items()},
         }
-        table.add_row(label, *[f"{v:.3f}" for v in row], f"{res['overall']['valid_searches']:.2f}")
+        table.add_row(label, *[f"{v:.3f}" for v in row], f"{res.overall.valid_searches:.2f}")
     console.print(table)
     (out / "summary.json").write_text(
         json.dumps({"results": summary, "minutes": (time.time() - t0) / 60}, indent=2)

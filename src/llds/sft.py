@@ -345,7 +345,8 @@ def run(cfg: SFTConfig) -> dict[str, Any]:
             chat=cfg.chat,
             progress=cfg.progress,
         )
-        report["eval"] = {k: res[k] for k in ("overall", "by_hops")}
+        scores = res.to_dict()
+        report["eval"] = {k: scores[k] for k in ("overall", "by_hops")}
         print(results_table(res))
     report["total_wall_s"] = round(time.perf_counter() - started, 2)
     write_json(out / "sft_report.json", json.loads(json.dumps(report, default=str)))

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import html
-import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,7 +33,7 @@ from llds.diagnostics.plots import (
 from llds.diagnostics.robust import as_float, median
 from llds.errors import DataFormatError, UserInputError
 from llds.io import atomic_write, write_json
-from llds.train.periodic_eval import latest_eval_file
+from llds.train.eval_result import EvalResult, latest_eval_file
 from llds.train.tracking import METRICS_FILE, read_metrics
 
 EVAL_FILE = "eval.json"
@@ -50,22 +49,14 @@ class RunData:
     rows: list[dict[str, Any]]
     phases: list[PhaseLabel]
     alarms: list[Alarm]
-    eval: dict[str, Any] | None
+    eval: EvalResult | None
 
 
-def load_eval(run_dir: Path) -> dict[str, Any] | None:
+def load_eval(run_dir: Path) -> EvalResult | None:
     """The run's newest evaluation (`eval/step_N.json`, the periodic and final evaluations;
     a single `eval.json` for runs written before that convention), or None."""
     path = latest_eval_file(run_dir) or run_dir / EVAL_FILE
-    if not path.is_file():
-        return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise DataFormatError(f"{path}: not valid JSON ({exc})") from exc
-    if not isinstance(data, dict) or not isinstance(data.get("overall", {}), dict):
-        raise DataFormatError(f"{path}: expected an object with an 'overall' object")
-    return data
+    return EvalResult.read(path) if path.is_file() else None
 
 
 def load_run(run_dir: str | Path, label: str, config: AlarmConfig | None = None) -> RunData:
@@ -105,15 +96,15 @@ def summarize(run: RunData) -> dict[str, Any]:
     levels = [median(rewards[max(0, i - 4) : i + 1]) for i in range(len(rewards))]
     serious = [a for a in run.alarms if a.severity != "info"]
     collapse = next((p.step for p in run.phases if p.phase == "collapse"), None)
-    overall = (run.eval or {}).get("overall", {})
+    overall = run.eval.overall if run.eval is not None else None
     return {
         "label": run.label,
         "run_dir": str(run.path),
         "steps": run.phases[-1].step if run.phases else 0,
         "final_reward": sum(tail) / len(tail) if tail else None,
         "peak_reward": max(levels) if levels else None,
-        "eval_em": as_float(overall.get("em")),
-        "eval_n": overall.get("n"),
+        "eval_em": overall.em if overall is not None and overall.n else None,
+        "eval_n": overall.n if overall is not None else None,
         "first_alarm_step": serious[0].step if serious else None,
         "first_alarm_kind": serious[0].kind if serious else None,
         "last_phase": run.phases[-1].phase if run.phases else None,

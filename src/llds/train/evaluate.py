@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-from collections import defaultdict
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from llds.data.example import QAExample
 from llds.env.prompts import PromptTemplate, build_prompt_ids
 from llds.rollout import RolloutConfig, RolloutEngine, RolloutRequest
+from llds.train.eval_result import EvalRecord, EvalResult, Scores
 
 if TYPE_CHECKING:
     from llds.env.protocol import Protocol
@@ -25,16 +25,15 @@ def evaluate(
     template: PromptTemplate | str | None = None,
     chat: bool | None = None,
     progress: bool = True,
-) -> dict[str, Any]:
+) -> EvalResult:
     """Run every example once with greedy decoding and aggregate the scores.
 
-    Returns `{"overall": {...}, "by_source": {src: {...}}, "by_hops": {...}, "records": [...]}`;
-    each aggregate has `n`, `em`, `f1`, `sub_em`, `valid_searches`, `answered`. Every example is
-    scored, including the last partial batch.
+    Every example is scored, including the last partial batch; the result holds the scores
+    overall, per source and per hop count, and every record.
     """
     cfg = dataclasses.replace(rollout or RolloutConfig(max_turns=4), temperature=0.0, group_size=1)
     engine = RolloutEngine(model, tokenizer, retriever, cfg)
-    records: list[dict[str, Any]] = []
+    records: list[EvalRecord] = []
     chunk = cfg.max_rows
     from rich.progress import Progress
 
@@ -54,70 +53,45 @@ def evaluate(
             batch = engine.generate(reqs)
             for ex, ep in zip(part, batch.episodes, strict=True):
                 records.append(
-                    {
-                        "id": ex.id,
-                        "source": ex.source,
-                        "question": ex.question,
-                        "golds": list(ex.answers),
-                        "prediction": ep.answer,
-                        "em": ep.em,
-                        "f1": ep.f1,
-                        "sub_em": ep.sub_em,
-                        "valid_searches": ep.num_valid_searches,
-                        "answered": ep.stop_reason == "answer",
-                        "hops": ex.metadata.get("hops"),
-                        "queries": ep.queries,
-                        "response": ep.response_text,
-                    }
+                    EvalRecord(
+                        id=ex.id,
+                        source=ex.source,
+                        question=ex.question,
+                        golds=list(ex.answers),
+                        prediction=ep.answer,
+                        em=ep.em,
+                        f1=ep.f1,
+                        sub_em=ep.sub_em,
+                        valid_searches=ep.num_valid_searches,
+                        answered=ep.stop_reason == "answer",
+                        hops=ex.metadata.get("hops"),
+                        queries=list(ep.queries),
+                        response=ep.response_text,
+                    )
                 )
             bar.advance(task, len(part))
-    by_source: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    by_hops: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for r in records:
-        by_source[r["source"]].append(r)
-        if r["hops"] is not None:
-            by_hops[str(r["hops"])].append(r)
-    return {
-        "overall": _aggregate(records),
-        "by_source": {k: _aggregate(v) for k, v in sorted(by_source.items())},
-        "by_hops": {k: _aggregate(v) for k, v in sorted(by_hops.items())},
-        "records": records,
-    }
+    return EvalResult.of(records)
 
 
-def _aggregate(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
-    n = len(rows)
-    if n == 0:
-        return {"n": 0}
-    return {
-        "n": n,
-        "em": sum(r["em"] for r in rows) / n,
-        "f1": sum(r["f1"] for r in rows) / n,
-        "sub_em": sum(r["sub_em"] for r in rows) / n,
-        "valid_searches": sum(r["valid_searches"] for r in rows) / n,
-        "answered": sum(r["answered"] for r in rows) / n,
-    }
-
-
-def results_table(results: dict[str, Any]) -> str:
-    """A markdown table of the aggregates (overall, per source, per hop count)."""
+def results_table(results: EvalResult) -> str:
+    """A markdown table of the scores (per source, per hop count, overall)."""
     lines = [
         "| split | n | EM | F1 | sub-EM | valid searches | answered |",
         "|---|---|---|---|---|---|---|",
     ]
 
-    def row(name: str, a: dict[str, float]) -> None:
-        if a.get("n"):
+    def row(name: str, a: Scores) -> None:
+        if a.n:
             lines.append(
-                f"| {name} | {a['n']} | {a['em']:.3f} | {a['f1']:.3f} | {a['sub_em']:.3f} | "
-                f"{a['valid_searches']:.2f} | {a['answered']:.2f} |"
+                f"| {name} | {a.n} | {a.em:.3f} | {a.f1:.3f} | {a.sub_em:.3f} | "
+                f"{a.valid_searches:.2f} | {a.answered:.2f} |"
             )
 
-    for k, a in results["by_source"].items():
+    for k, a in results.by_source.items():
         row(k, a)
-    for k, a in results["by_hops"].items():
+    for k, a in results.by_hops.items():
         row(f"{k}-hop", a)
-    row("**overall**", results["overall"])
+    row("**overall**", results.overall)
     return "\n".join(lines)
 
 
@@ -154,12 +128,11 @@ class EvalConfig(ModelOnData):
     device: str = dataclasses.field(default="auto", metadata={"help": "cpu, cuda, auto"})
 
 
-def run_evaluation(cfg: EvalConfig, protocol: Protocol | None = None) -> dict[str, Any]:
+def run_evaluation(cfg: EvalConfig, protocol: Protocol | None = None) -> EvalResult:
     """Greedy evaluation of `cfg.model` on `cfg.data` with the model's saved protocol (or the
     given one); writes `cfg.out` when set and returns the results."""
     from llds.data.loaders import load_many
     from llds.env.protocol import Protocol
-    from llds.io import write_json
     from llds.retrieval.factory import open_retriever
     from llds.train.config import ModelConfig
     from llds.train.setup import load_model
@@ -179,5 +152,5 @@ def run_evaluation(cfg: EvalConfig, protocol: Protocol | None = None) -> dict[st
         chat=proto.chat,
     )
     if cfg.out:
-        write_json(cfg.out, results)
+        results.write(cfg.out)
     return results

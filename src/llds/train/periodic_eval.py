@@ -15,34 +15,17 @@ from typing import Any
 
 from llds.data.example import QAExample
 from llds.env.prompts import PromptTemplate
-from llds.io import write_json
 from llds.rollout import RolloutConfig
+from llds.train.eval_result import EvalResult, eval_file
 from llds.train.evaluate import evaluate
 
-EVAL_DIR = "eval"
 
-
-def eval_file(run_dir: str | Path, step: int) -> Path:
-    """Where an evaluation of a run's model after `step` steps is kept: `RUN/eval/step_N.json`.
-
-    The one convention for every evaluation (periodic ones during training, the demo's final
-    ones, a warm start's at step 0), so `llds report` finds held-out EM for any run."""
-    return Path(run_dir) / EVAL_DIR / f"step_{step:06d}.json"
-
-
-def latest_eval_file(run_dir: str | Path) -> Path | None:
-    """The evaluation of the highest step kept for a run, or None."""
-    files = sorted((Path(run_dir) / EVAL_DIR).glob("step_*.json"))
-    return files[-1] if files else None
-
-
-def eval_metrics(result: dict[str, Any]) -> dict[str, float]:
-    """`evaluate()`'s aggregates as flat `eval/...` metric keys (overall, per hop count)."""
-    overall = result["overall"]
-    out = {f"eval/{k}": float(v) for k, v in overall.items() if k != "n"}
-    for hops, agg in result.get("by_hops", {}).items():
-        if agg.get("n"):
-            out[f"eval/em_{hops}hop"] = float(agg["em"])
+def eval_metrics(result: EvalResult) -> dict[str, float]:
+    """The scores as flat `eval/...` metric keys (overall, per hop count)."""
+    out = {f"eval/{k}": float(v) for k, v in result.overall.to_dict().items() if k != "n"}
+    for hops, scores in result.by_hops.items():
+        if scores.n:
+            out[f"eval/em_{hops}hop"] = scores.em
     return out
 
 
@@ -80,7 +63,7 @@ class PeriodicEvaluator:
         finally:
             model.train(was_training)
         if self.out_dir is not None:
-            write_json(eval_file(self.out_dir, step), result)
+            result.write(eval_file(self.out_dir, step))
         return eval_metrics(result)
 
 
