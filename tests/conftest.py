@@ -67,9 +67,9 @@ def write_run_inputs(root, world, tok, **sections) -> Path:
     """
     import json
 
+    from llds.configio import deep_merge
     from llds.data.world import write_world
     from llds.models.tiny import save_tiny
-    from llds.train.configio import deep_merge
 
     files = write_world(world, root / "world")
     save_tiny(make_tiny_model(tok, seed=0), tok, root / "model")

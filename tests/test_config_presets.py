@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from llds.configio import preset_names, read_yaml
 from llds.errors import ConfigError
 from llds.train.config import load_config
-from llds.train.configio import preset_names, read_yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 

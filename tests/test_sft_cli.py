@@ -16,7 +16,20 @@ from llds.models import load_policy
 def world_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("world")
     assert (
-        main(["world", "--out", str(out), "--entities", "40", "--train", "12", "--test", "4"]) == 0
+        main(
+            [
+                "world",
+                "--out",
+                str(out),
+                "--num-entities",
+                "40",
+                "--num-train",
+                "12",
+                "--num-test",
+                "4",
+            ]
+        )
+        == 0
     )
     return out
 

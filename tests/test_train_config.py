@@ -1,8 +1,8 @@
 import pytest
 
+from llds.configio import parse_overrides
 from llds.errors import ConfigError
 from llds.train.config import TrainConfig, load_config
-from llds.train.configio import parse_overrides
 
 REQUIRED = ["model.path=m", "data.train=t.jsonl", "retriever.source=c.jsonl"]
 

@@ -7,10 +7,18 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from llds.cli import main as cli_main
 from llds.data.loaders import load_flashrag_jsonl
-from llds.data.world import RELATIONS, WorldConfig, generate_world, relabel_world, write_world
+from llds.data.world import (
+    RELATIONS,
+    WorldConfig,
+    generate_world,
+    load_world_config,
+    relabel_world,
+    write_world,
+)
 from llds.errors import ConfigError
 
 
@@ -172,8 +180,12 @@ def test_written_files_load_back_with_the_same_ids(tmp_path: Path) -> None:
 
 
 def test_config_errors_name_the_field() -> None:
-    with pytest.raises(ConfigError, match="unknown world preset 'easy'"):
+    with pytest.raises(ConfigError, match="'world-easy' is not a shipped preset"):
         WorldConfig.preset("easy")
+    with pytest.raises(ConfigError, match=r"hop_mix\['x'\]: expected an integer"):
+        load_world_config(None, {"hop_mix": {"x": 0.5}})
+    with pytest.raises(ConfigError, match="unknown config key 'entities'"):
+        load_world_config(None, {"entities": 60})
     with pytest.raises(ConfigError, match=r"world\.name_similarity"):
         generate_world(WorldConfig(name_similarity=2.0))
     with pytest.raises(ConfigError, match=r"1-hop chains; raise world\.num_entities"):
@@ -188,17 +200,17 @@ def test_cli_writes_world_and_prints_stats(tmp_path: Path, capsys) -> None:
             str(tmp_path),
             "--seed",
             "1",
-            "--entities",
+            "--num-entities",
             "60",
             "--hop-mix",
             "1:0.6,2:0.4",
-            "--train",
+            "--num-train",
             "20",
-            "--test",
+            "--num-test",
             "5",
             "--name-similarity",
             "0.2",
-            "--distractors",
+            "--distractors-per-entity",
             "2",
         ]
     )
@@ -207,4 +219,24 @@ def test_cli_writes_world_and_prints_stats(tmp_path: Path, capsys) -> None:
     assert stats["train_by_hops"] == {"1": 12, "2": 8}
     assert stats["distractor_passages"] == 2 * 60
     assert '"passages"' in capsys.readouterr().out
-    assert cli_main(["world", "--out", str(tmp_path), "--hop-mix", "1=0.5"]) == 2
+    with pytest.raises(SystemExit) as exit_:
+        cli_main(["world", "--out", str(tmp_path), "--hop-mix", "1=0.5"])
+    assert exit_.value.code == 2
+    assert "argument --hop-mix: expected HOPS:WEIGHT pairs" in capsys.readouterr().err
+
+
+def test_presets_load_through_the_one_loader(tmp_path: Path, capsys) -> None:
+    """The organism preset spells out the WorldConfig defaults; world-hard overrides them."""
+    assert load_world_config("world-organism") == WorldConfig()
+    assert load_world_config(None) == WorldConfig()
+    hard = WorldConfig.preset("hard", seed=4)
+    assert (hard.num_entities, hard.hop_mix, hard.seed) == (600, {1: 0.3, 2: 0.4, 3: 0.3}, 4)
+    own = tmp_path / "mine.yaml"
+    own.write_text("base: world-hard\nnum_train: 10\nhop_mix: {1: 1}\n")
+    cfg = load_world_config(own, {"num_test": 3})
+    assert (cfg.num_entities, cfg.num_train, cfg.num_test, cfg.hop_mix) == (600, 10, 3, {1: 1.0})
+    rc = cli_main(["world", "--out", str(tmp_path / "w"), "--config", str(own), "--print-config"])
+    assert rc == 0 and not (tmp_path / "w").exists()
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["num_train"] == 10 and printed["hop_mix"] == {"1": 1.0}
+    assert WorldConfig.from_dict(printed) == load_world_config(own)  # world.json form

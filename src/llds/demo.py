@@ -134,9 +134,9 @@ def train_side_by_side(cfg: DemoConfig, out: Path, console) -> dict[str, Path]:
     progress bar per run."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from llds.configio import to_dict
     from llds.io import write_yaml
     from llds.train.background import start_run
-    from llds.train.configio import to_dict
     from llds.train.tracking import read_metrics
 
     runs = {"GRPO": out / "grpo", "GRPO+LLDS": out / "grpo_llds"}

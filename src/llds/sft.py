@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from llds.configio import from_dict, merge_config, read_yaml, to_dict
 from llds.errors import ConfigError, UserInputError
-from llds.train.configio import deep_merge, from_dict, read_yaml, to_dict
 
 
 def _help(text: str) -> Any:
@@ -111,7 +111,7 @@ def load_sft_config(
     """`SFTConfig` from a YAML file (keys = field names, `base:` allowed) and the values given on
     the command line, which win. A `steps` given on one level replaces an `epochs` from a lower
     one and vice versa."""
-    data: dict[str, Any] = read_yaml(path) if path else {}
+    data: dict[str, Any] = read_yaml(path, SFTConfig) if path else {}
     given = dict(given or {})
     if "steps" in given or "epochs" in given:  # the command line decides the training length
         data.pop("steps", None)
@@ -121,7 +121,7 @@ def load_sft_config(
     elif "epochs" in data:  # epochs in the file replaces the default steps
         data.setdefault("steps", None)
     try:
-        cfg = from_dict(SFTConfig, deep_merge(data, given))
+        cfg = from_dict(SFTConfig, merge_config(data, given, SFTConfig))
     except ConfigError as exc:
         raise ConfigError(f"{exc} (config file: {path})" if path else str(exc)) from None
     cfg.validate()

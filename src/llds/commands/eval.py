@@ -14,7 +14,7 @@ HELP = "evaluate a model (greedy) on QA data: per-source EM/F1/sub-EM and valid 
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from llds.train.configio import add_dataclass_arguments
+    from llds.configio import add_dataclass_arguments
     from llds.train.evaluate import EvalConfig
 
     add_dataclass_arguments(p, EvalConfig, required=("model", "data", "retriever"))
@@ -22,7 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from llds.train.configio import from_dict, given_arguments
+    from llds.configio import from_dict, given_arguments
     from llds.train.evaluate import EvalConfig, results_table, run_evaluation
 
     cfg = from_dict(EvalConfig, given_arguments(args, EvalConfig))

@@ -16,16 +16,16 @@ HELP = (
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from llds.configio import add_dataclass_arguments
     from llds.diagnostics.probe import ProbeConfig
-    from llds.train.configio import add_dataclass_arguments
 
     add_dataclass_arguments(p, ProbeConfig, required=("model", "data", "retriever", "out"))
     add_protocol_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
+    from llds.configio import from_dict, given_arguments
     from llds.diagnostics.probe import ProbeConfig, probe_model
-    from llds.train.configio import from_dict, given_arguments
 
     cfg = from_dict(ProbeConfig, given_arguments(args, ProbeConfig))
     summary, results = probe_model(cfg, resolve_protocol(args))

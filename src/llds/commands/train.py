@@ -26,8 +26,8 @@ def run(args: argparse.Namespace) -> int:
     import yaml
     from rich.logging import RichHandler
 
+    from llds.configio import to_dict
     from llds.train.config import load_config
-    from llds.train.configio import to_dict
 
     cfg = load_config(args.config, args.overrides)
     if args.print_config:

@@ -20,10 +20,11 @@ import random
 import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from llds.configio import from_dict, merge_config, read_yaml
 from llds.data.example import QAExample
 from llds.errors import ConfigError, UserInputError
 from llds.io import write_json, write_jsonl
@@ -275,40 +276,56 @@ _STEMMED_ENDINGS = (
 )
 
 
+def parse_hop_mix(text: str) -> dict[int, float]:
+    """`"1:0.5,2:0.35,3:0.15"` -> {1: 0.5, 2: 0.35, 3: 0.15} (the `--hop-mix` flag's form)."""
+    mix: dict[int, float] = {}
+    for part in text.split(","):
+        hops, sep, weight = part.partition(":")
+        try:
+            if not sep:
+                raise ValueError
+            mix[int(hops)] = float(weight)
+        except ValueError:
+            raise UserInputError(
+                f"expected HOPS:WEIGHT pairs like 1:0.5,2:0.5, got {part!r}"
+            ) from None
+    return mix
+
+
+def _help(text: str, default: Any) -> Any:
+    return field(default=default, metadata={"help": text})
+
+
 @dataclass
 class WorldConfig:
-    """Everything that determines a world; the same config always yields the same files."""
+    """Everything that determines a world; the same config always yields the same files.
 
-    seed: int = 0
-    num_entities: int = 240
-    relations: tuple[str, ...] = tuple(RELATIONS)
-    hop_mix: dict[int, float] = field(default_factory=lambda: {1: 0.5, 2: 0.35, 3: 0.15})
-    distractors_per_entity: int = 1
-    question_templates_per_relation: int = 2
-    passage_templates_per_relation: int = 2
-    name_similarity: float = 0.0
-    num_train: int = 480
-    num_test: int = 120
+    The defaults are the organism world; `world-hard` is a shipped preset (`llds world --config
+    world-hard`). Loaded like every config of the project: `load_world_config`."""
+
+    seed: int = _help("generation seed", default=0)
+    num_entities: int = _help("number of entities", default=240)
+    relations: tuple[str, ...] = _help("relations to draw facts from", default=tuple(RELATIONS))
+    hop_mix: dict[int, float] = field(
+        default_factory=lambda: {1: 0.5, 2: 0.35, 3: 0.15},
+        metadata={
+            "help": "share of questions per hop count, e.g. 1:0.5,2:0.5",
+            "parse": parse_hop_mix,
+        },
+    )
+    distractors_per_entity: int = _help("distractor passages per entity", default=1)
+    question_templates_per_relation: int = _help("question phrasings per relation, 1..4", default=2)
+    passage_templates_per_relation: int = _help("passage phrasings per relation, 1..4", default=2)
+    name_similarity: float = _help(
+        "0..1: chance a new name is a near-duplicate of an existing one", default=0.0
+    )
+    num_train: int = _help("number of training questions", default=480)
+    num_test: int = _help("number of test questions", default=120)
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> WorldConfig:
-        """Named starting points: `organism` (tiny, learnable in minutes) and `hard`."""
-        presets: dict[str, dict[str, Any]] = {
-            "organism": {},
-            "hard": {
-                "num_entities": 600,
-                "hop_mix": {1: 0.3, 2: 0.4, 3: 0.3},
-                "distractors_per_entity": 3,
-                "question_templates_per_relation": 4,
-                "passage_templates_per_relation": 4,
-                "name_similarity": 0.3,
-                "num_train": 2000,
-                "num_test": 300,
-            },
-        }
-        if name not in presets:
-            raise ConfigError(f"unknown world preset {name!r}; choose one of {sorted(presets)}")
-        return replace(cls(), **{**presets[name], **overrides})
+        """A shipped world preset (`organism`, `hard`: `configs/world-NAME.yaml`) with overrides."""
+        return load_world_config(f"world-{name}", overrides)
 
     def validate(self) -> None:
         """Raise ConfigError naming the first bad field."""
@@ -337,15 +354,10 @@ class WorldConfig:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, where: str = "world") -> WorldConfig:
         """Inverse of `to_dict` (as stored in world.json); unknown keys are an error."""
-        unknown = sorted(set(data) - {f.name for f in fields(cls)})
-        if unknown:
-            raise ConfigError(f"{where}: unknown world config key(s) {unknown}")
-        values = dict(data)
-        if "relations" in values:
-            values["relations"] = tuple(values["relations"])
-        if "hop_mix" in values:
-            values["hop_mix"] = {int(k): float(v) for k, v in values["hop_mix"].items()}
-        cfg = cls(**values)
+        try:
+            cfg = from_dict(cls, data)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
         cfg.validate()
         return cfg
 
@@ -354,6 +366,20 @@ class WorldConfig:
         out["relations"] = list(self.relations)
         out["hop_mix"] = {str(k): v for k, v in sorted(self.hop_mix.items())}
         return out
+
+
+def load_world_config(
+    path: str | Path | None = None, given: Mapping[str, Any] | None = None
+) -> WorldConfig:
+    """`WorldConfig` from a YAML file or preset name (`base:` allowed) and the values given on
+    the command line, which win; validated."""
+    data: dict[str, Any] = read_yaml(path, WorldConfig) if path else {}
+    try:
+        cfg = from_dict(WorldConfig, merge_config(data, dict(given or {}), WorldConfig))
+    except ConfigError as exc:
+        raise ConfigError(f"{exc} (config file: {path})" if path else str(exc)) from None
+    cfg.validate()
+    return cfg
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,9 @@ from typing import Any, Literal
 
 from llds.algo.llds import GATES, LLDS_AGGREGATIONS
 from llds.algo.masking import AGGREGATIONS
+from llds.configio import from_dict, merge_config, parse_overrides, read_yaml
 from llds.errors import ConfigError
 from llds.rollout.config import RolloutConfig
-from llds.train.configio import deep_merge, from_dict, parse_overrides, read_yaml
 
 
 @dataclass
@@ -242,9 +242,9 @@ class TrainConfig:
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
     """Read YAML (optional), apply `key=value` overrides, build and validate the config."""
-    data: dict[str, Any] = read_yaml(path) if path else {}
+    data: dict[str, Any] = read_yaml(path, TrainConfig) if path else {}
     if overrides:
-        data = deep_merge(data, parse_overrides(overrides))
+        data = merge_config(data, parse_overrides(overrides), TrainConfig)
     if isinstance(data.get("rollout"), dict) and "topk" in data["rollout"]:
         raise ConfigError("rollout.topk: set retriever.topk instead (passages per search)")
     cfg = from_dict(TrainConfig, data)

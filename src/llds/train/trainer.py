@@ -24,6 +24,7 @@ import torch
 from llds import metrics as keys
 from llds.algo import answer_weight_schedule, group_advantages, masked_mean, preserving_mask
 from llds.algo.objective import LLDS_STATS, POLICY_STATS, Objective, grpo_objective
+from llds.configio import to_dict
 from llds.data.example import QAExample
 from llds.diagnostics.alarms import Alarm, AlarmMonitor, should_act
 from llds.diagnostics.likelihood import (
@@ -47,7 +48,6 @@ from llds.train.checkpoint import (
     write_checkpoint_files,
 )
 from llds.train.config import TrainConfig
-from llds.train.configio import to_dict
 from llds.train.distributed import Dist
 from llds.train.forward import batched_log_probs, plan_micro_batches, response_log_probs
 from llds.train.lr_schedule import lr_factor

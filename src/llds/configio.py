@@ -65,6 +65,25 @@ def deep_merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, 
     return out
 
 
+def merge_config(base: Mapping[str, Any], update: Mapping[str, Any], cls: type) -> dict[str, Any]:
+    """`update` over `base` for config class `cls`: sections (dataclass fields) merge key by key,
+    every other value, mappings included (`hop_mix: {1: 1}`), replaces the one below it."""
+    hints = typing.get_type_hints(cls)
+    out = dict(base)
+    for key, value in update.items():
+        tp = _without_none(hints[key]) if key in hints else None
+        below = out.get(key)
+        if (
+            dataclasses.is_dataclass(tp)
+            and isinstance(value, Mapping)
+            and isinstance(below, Mapping)
+        ):
+            out[key] = merge_config(below, value, tp)  # type: ignore[arg-type]
+        else:
+            out[key] = value
+    return out
+
+
 BASE_KEY = "base"
 PRESET_PACKAGE = "llds.configs"
 
@@ -116,8 +135,11 @@ def _read_one(p: Path) -> dict[str, Any]:
     return data
 
 
-def read_yaml(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict[str, Any]:
-    """A config file with its `base:` chain merged in: the file's keys override its base's.
+def read_yaml(
+    path: str | Path, cls: type | None = None, _chain: tuple[Path, ...] = ()
+) -> dict[str, Any]:
+    """A config file with its `base:` chain merged in: the file's keys override its base's
+    (`merge_config` for config class `cls`; a type-blind deep merge without one).
 
     `base:` is a path relative to the file (or a shipped preset's name); bases may have bases.
     A cycle is an error that names every file in it.
@@ -135,8 +157,8 @@ def read_yaml(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict[str, Any]
         return data
     if not isinstance(base, str) or not base.strip():
         raise ConfigError(f"config file {p}: {BASE_KEY} must be a file path or a preset name")
-    parent = read_yaml(resolve_config(base, relative_to=p.parent), (*_chain, key))
-    return deep_merge(parent, data)
+    parent = read_yaml(resolve_config(base, relative_to=p.parent), cls, (*_chain, key))
+    return merge_config(parent, data, cls) if cls is not None else deep_merge(parent, data)
 
 
 def from_dict(cls: type[T], data: Mapping[str, Any], prefix: str = "") -> T:
@@ -190,7 +212,15 @@ def _coerce(tp: Any, value: Any, dotted: str) -> Any:
     if origin in (dict, Mapping):
         if not isinstance(value, Mapping):
             raise ConfigError(f"{dotted}: expected a mapping, got {value!r}")
-        return dict(value)
+        if not args:
+            return dict(value)
+        key_type, value_type = args
+        out = {}
+        for k, v in value.items():
+            where = f"{dotted}[{k!r}]"
+            key = _coerce(key_type, _int_key(k) if key_type is int else k, where)
+            out[key] = _coerce(value_type, v, where)
+        return out
     if tp is Any:
         return value
     if tp is bool:
@@ -215,6 +245,13 @@ def _coerce(tp: Any, value: Any, dotted: str) -> Any:
             raise ConfigError(f"{dotted}: expected a string, got {value!r}")
         return str(value)
     return value
+
+
+def _int_key(key: Any) -> Any:
+    """JSON object keys are strings: `"2"` is the integer key 2."""
+    if isinstance(key, str) and key.strip().lstrip("-").isdigit():
+        return int(key)
+    return key
 
 
 def _name(tp: Any) -> str:
@@ -251,7 +288,9 @@ def add_dataclass_arguments(
 
     Flags default to None, so that only the flags a user gives override the config file and the
     dataclass defaults (see `given_arguments`); the help shows the dataclass default. Booleans
-    get `--x / --no-x`, Literal fields their choices. `metadata={"help": ...}` documents a field.
+    get `--x / --no-x`, Literal fields their choices, lists and tuples several values.
+    `metadata={"help": ...}` documents a field; `metadata={"parse": f}` parses its flag's text
+    (for a field, such as a mapping, with a compact command-line form).
     """
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
@@ -264,9 +303,11 @@ def add_dataclass_arguments(
         text = f.metadata.get("help", "")
         help_text = f"{text} ({default})" if text else f"({default})"
         kwargs: dict[str, Any] = {"dest": f.name, "default": None, "help": help_text}
-        if tp is bool:
+        if "parse" in f.metadata:
+            kwargs["type"] = _flag_parser(f.metadata["parse"])
+        elif tp is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
-        elif typing.get_origin(tp) is list:
+        elif typing.get_origin(tp) in (list, tuple):
             kwargs["nargs"] = "+"
             kwargs["type"] = (typing.get_args(tp) or (str,))[0]
         elif typing.get_origin(tp) is typing.Literal:
@@ -276,6 +317,18 @@ def add_dataclass_arguments(
         if f.name in required:
             kwargs["required"] = True
         parser.add_argument("--" + f.name.replace("_", "-"), **kwargs)
+
+
+def _flag_parser(parse: Any) -> Any:
+    """`parse` with its error message shown by argparse as is (`argument --x: <message>`)."""
+
+    def parse_flag(text: str) -> Any:
+        try:
+            return parse(text)
+        except (ValueError, ConfigError) as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse_flag
 
 
 def given_arguments(args: argparse.Namespace, cls: type) -> dict[str, Any]:
