@@ -15,7 +15,7 @@ from llds.algo.llds import (
 )
 from llds.algo.logprobs import token_entropy, token_log_probs, token_log_probs_and_entropy
 from llds.algo.masking import AGGREGATIONS, aggregate, masked_mean, masked_sum
-from llds.algo.objective import Objective, grpo_objective
+from llds.algo.objective import Objective, grpo_objective, llds_term
 from llds.algo.policy_loss import policy_loss
 from llds.algo.segments import action_segments, broadcast_segments, segment_sums
 
@@ -34,6 +34,7 @@ __all__ = [
     "kl_penalty",
     "llds_gate",
     "llds_loss",
+    "llds_term",
     "masked_mean",
     "masked_sum",
     "policy_loss",

@@ -3,7 +3,8 @@
     loss = policy_loss + kl_coef * KL(pi_theta || pi_ref) - entropy_coef * H + LLDS
 
 The trainer, the one-step probe and the Python API compose the loss only through
-`grpo_objective`; every term is one of the tested functions of `llds.algo`. Denominators can be
+`grpo_objective`; the TRL and veRL adapters add its LLDS part, `llds_term`, to their framework's
+policy loss; every term is one of the tested functions of `llds.algo`. Denominators can be
 given (`num_sequences`, `num_tokens`, `num_preserving`) so that micro-batches and processes add
 up to the loss of the whole mini-batch.
 """
@@ -94,21 +95,58 @@ def grpo_objective(
         )
         loss = loss - o.entropy_coef * ent
     if o.llds_coef > 0:
-        reg, lst = llds_loss(
-            log_probs if llds_acts else log_probs.detach(),
+        reg, lst = llds_term(
+            log_probs,
             old_log_probs,
             advantages,
             loss_mask,
-            coef=o.llds_coef,
-            gate=o.llds_gate,
+            o,
             answer_mask=answer_mask,
             answer_weight=answer_weight,
-            aggregation=o.llds_aggregation,
+            acts=llds_acts,
             num_sequences=num_preserving,
             num_tokens=num_tokens,
         )
         if llds_acts:
             loss = loss + reg
-        stats["llds/loss"] = reg.detach() if llds_acts else reg.detach() * 0
-        stats.update({f"llds/{k}": lst[k] for k in LLDS_STATS})
+        stats["llds/loss"] = lst["llds/loss"]
+        stats.update({f"llds/{k}": lst[f"llds/{k}"] for k in LLDS_STATS})
     return loss, stats
+
+
+def llds_term(
+    log_probs: Tensor,
+    old_log_probs: Tensor,
+    advantages: Tensor,
+    loss_mask: Tensor,
+    objective: Objective,
+    *,
+    answer_mask: Tensor | None = None,
+    answer_weight: float = 1.0,
+    acts: bool = True,
+    num_sequences: float | Tensor | None = None,
+    num_tokens: float | Tensor | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The LLDS term of the objective, `llds_coef * L_LLDS`, and its statistics (`llds/*`).
+
+    `grpo_objective` adds it to the policy loss; the TRL and veRL adapters, which keep their
+    framework's own policy loss, add it to theirs. With `acts=False` the penalty is evaluated on
+    detached log-probs: the statistics describe it, the term is exactly 0 with no gradient.
+    """
+    o = objective
+    reg, st = llds_loss(
+        log_probs if acts else log_probs.detach(),
+        old_log_probs,
+        advantages,
+        loss_mask,
+        coef=o.llds_coef,
+        gate=o.llds_gate,
+        answer_mask=answer_mask,
+        answer_weight=answer_weight,
+        aggregation=o.llds_aggregation,
+        num_sequences=num_sequences,
+        num_tokens=num_tokens,
+    )
+    stats = {f"llds/{k}": v for k, v in st.items()}
+    stats["llds/loss"] = reg.detach() if acts else reg.detach() * 0
+    return (reg if acts else reg.detach() * 0), stats

@@ -31,7 +31,14 @@ import torch
 from torch import Tensor
 from trl import GRPOConfig, GRPOTrainer
 
-from llds.algo import GATES, LLDS_AGGREGATIONS, action_segments, answer_weight_schedule, llds_loss
+from llds.algo import (
+    GATES,
+    LLDS_AGGREGATIONS,
+    Objective,
+    action_segments,
+    answer_weight_schedule,
+    llds_term,
+)
 from llds.diagnostics.likelihood import displacement_metrics, likelihood_metrics
 from llds.env.rewards import FormatRewardConfig, compute_reward, score_answer
 from llds.errors import ConfigError, DataFormatError
@@ -162,7 +169,7 @@ def trl_llds_loss(
     num_tokens: float | Tensor | None = None,
     moved: bool = True,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """`llds_loss` on the tensors of one TRL micro-batch.
+    """The objective's LLDS term (`llds_term`) on the tensors of one TRL micro-batch.
 
     `per_token_logps` is `[B, C]` log pi_theta of the completion tokens (with gradient) as TRL's
     `_compute_loss` computes it; pi_old is TRL's `old_per_token_logps` when present and the policy
@@ -179,16 +186,17 @@ def trl_llds_loss(
             answer_weight = float(args.llds_answer_weight)
         elif inputs.get(ANSWER_WEIGHT_KEY) is not None and inputs[ANSWER_WEIGHT_KEY].numel():
             answer_weight = float(inputs[ANSWER_WEIGHT_KEY].reshape(-1)[0])
-    return llds_loss(
+    objective = Objective(
+        llds_coef=args.llds_coef, llds_gate=args.llds_gate, llds_aggregation=args.llds_aggregation
+    )
+    return llds_term(
         per_token_logps,
         old,
         inputs["advantages"],
         mask,
-        coef=args.llds_coef,
-        gate=args.llds_gate,
+        objective,
         answer_mask=answer_mask,
         answer_weight=answer_weight,
-        aggregation=args.llds_aggregation,
         num_tokens=num_tokens,
     )
 
@@ -321,8 +329,7 @@ class LLDSGRPOTrainer(GRPOTrainer):
     ) -> None:
         metrics = self._metrics[mode]
         acts = inputs.get("old_per_token_logps") is not None and self._policy_moved(inputs)
-        local = {f"llds/{k}": v.detach().float() for k, v in stats.items()}
-        local["llds/loss"] = (self.args.llds_coef * stats["value"]).detach().float()
+        local = {k: v.detach().float() for k, v in stats.items()}
         local["llds/active"] = torch.tensor(float(acts), device=per_token_logps.device)
         for name in sorted(local):  # same order on every rank: gather is collective
             gathered = self.accelerator.gather(local[name].reshape(1).to(per_token_logps.device))

@@ -34,7 +34,7 @@ from typing import Any
 
 from torch import Tensor
 
-from llds.algo import GATES, LLDS_AGGREGATIONS, llds_loss, policy_loss
+from llds.algo import GATES, LLDS_AGGREGATIONS, Objective, llds_term, policy_loss
 from llds.errors import ConfigError
 
 LOSS_NAME = "llds"
@@ -174,7 +174,7 @@ def verl_llds_policy_loss(
     rollout_is_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Any]]:
     """A veRL policy loss: the base loss (veRL's registered `llds_base_loss_mode`, default
-    ``vanilla``) plus the LLDS penalty on `response_mask`.
+    ``vanilla``) plus the objective's LLDS term (`llds_term`) on `response_mask`.
 
     Same signature and return convention as veRL's registered losses: tensors are
     `[batch, response_length]`, `config` is the actor config, and the result is
@@ -200,21 +200,21 @@ def verl_llds_policy_loss(
         rollout_is_weights=rollout_is_weights,
     )
     num_sequences, num_tokens = _llds_denominators(_batch_info(config), settings.aggregation)
-    penalty, stats = llds_loss(
+    objective = Objective(
+        llds_coef=settings.coef, llds_gate=settings.gate, llds_aggregation=settings.aggregation
+    )
+    penalty, stats = llds_term(
         log_prob,
         old_log_prob,
         advantages,
         response_mask,
-        coef=settings.coef,
-        gate=settings.gate,
-        aggregation=settings.aggregation,
+        objective,
         num_sequences=num_sequences,
         num_tokens=num_tokens,
     )
     out = dict(metrics)
-    out["actor/llds_loss"] = float(penalty.detach())
-    for key, value in stats.items():
-        out[f"actor/llds_{key}"] = float(value)
+    for key, value in stats.items():  # llds/gate_frac -> actor/llds_gate_frac
+        out["actor/llds_" + key.removeprefix("llds/")] = float(value)
     return pg_loss + penalty, out
 
 
