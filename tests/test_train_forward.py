@@ -10,7 +10,7 @@ import torch
 from conftest import make_tiny_model
 from llds.rollout.batch import Episode, RolloutBatch
 from llds.train import forward as forward_mod
-from llds.train.forward import batched_log_probs, response_log_probs
+from llds.train.forward import batched_log_probs, pooled_response_hidden, response_log_probs
 
 
 def _batch(vocab: int, pad_id: int, *, group: int = 3, seed: int = 0) -> RolloutBatch:
@@ -164,3 +164,22 @@ def test_a_cache_without_batch_select_falls_back(world_tokenizer, monkeypatch, g
         ref, _ = _per_row_reference(model, batch, 1.0)
     assert taken == [False]
     assert torch.allclose(lp[real], ref[real], atol=1e-5)
+
+
+def test_pooled_response_hidden_matches_rows_run_alone(world_tokenizer) -> None:
+    """Each row alone and unpadded, the last layer's hidden states averaged over its action
+    tokens by hand; a tight token budget forces several micro-batches with different padding."""
+    model = make_tiny_model(world_tokenizer).eval()
+    batch = _batch(len(world_tokenizer), world_tokenizer.pad_token_id)
+    got = pooled_response_hidden(model, batch, token_budget=40)
+    p = batch.prompt_len
+    for i in range(len(batch)):
+        real = batch.attention_mask[i].bool()
+        row = batch.input_ids[i][real]
+        n_prompt = int(batch.attention_mask[i, :p].sum())
+        with torch.no_grad():
+            hidden = model(input_ids=row[None], output_hidden_states=True).hidden_states[-1][0]
+        n = len(row) - n_prompt
+        action = batch.loss_mask[i, :n].bool()
+        want = hidden[n_prompt:][action].mean(0)
+        assert torch.allclose(got[i], want, atol=1e-4), i

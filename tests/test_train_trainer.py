@@ -55,8 +55,14 @@ def test_two_steps_log_metrics_and_checkpoint(
         "lld/logp_incorrect",
         "time/rollout",
         "rollout/valid_searches",
+        "lld/disp_pos",
+        "lld/frac_pos_fell",
+        "lld/disp_neg",
     ):
         assert key in logged[-1]
+    # the hidden-state similarity is sampled: steps 0, 10, 20, ... (0-based)
+    assert "lld/hidden_cos_correct_incorrect" in logged[0]
+    assert "lld/hidden_cos_correct_incorrect" not in logged[1]
     assert rows[0]["optim/updates"] == 2
     assert any(not torch.equal(a, b) for a, b in zip(before, tr.model.parameters(), strict=True))
     assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "step_000002"

@@ -33,6 +33,14 @@ LOGP_INCORRECT = "lld/logp_incorrect"
 DISP_CORRECT = "lld/disp_correct"
 DISP_INCORRECT = "lld/disp_incorrect"
 FRAC_CORRECT_FELL = "lld/frac_correct_fell"
+# the paper's quantities (Def. 4.1 / Eq. 2): responses with advantage > 0 (pos) and < 0 (neg)
+DISP_POS = "lld/disp_pos"
+FRAC_POS_FELL = "lld/frac_pos_fell"
+DISP_POS_FIRST_ACTION = "lld/disp_pos_first_action"
+DISP_POS_LATER_ACTIONS = "lld/disp_pos_later_actions"
+DISP_NEG = "lld/disp_neg"
+HIDDEN_COSINE = "lld/hidden_cos_correct_incorrect"
+OBS_MATCH = "lld/shared_first_search_wrong_frac"
 
 Reduction = Literal["mean", "max", "min", "same"]
 

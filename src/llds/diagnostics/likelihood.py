@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
 from torch import Tensor
 
 from llds import metrics as keys
@@ -55,8 +56,15 @@ def displacement_metrics(
     loss_mask: Tensor,
     action_index: Tensor,
     correct: Tensor,
+    advantages: Tensor | None = None,
 ) -> dict[str, float]:
-    """How the step's updates moved the likelihood of the responses they were computed on."""
+    """How the step's updates moved the likelihood of the responses they were computed on.
+
+    With `advantages` (`[B]`), also the paper's quantities (Def. 4.1 / Eq. 2): the displacement
+    `Delta = log pi_new(y) - log pi_old(y)` of the responses GRPO pushes up (advantage > 0,
+    which exist only in groups with mixed rewards) and of those it pushes down (advantage < 0);
+    see `advantage_displacement`. The `*_correct` metrics also count correct responses of
+    all-correct groups (advantage 0), which GRPO does not push at all."""
     mask = loss_mask.bool()
     delta = masked_fill_zero(logp_after - logp_before, mask)
     has = mask.sum(-1) > 0
@@ -69,7 +77,7 @@ def displacement_metrics(
     corr_actions = per_action[action_exists & (correct & has).unsqueeze(1)]
     inc_actions = per_action[action_exists & (~correct & has).unsqueeze(1)]
     c, i = has & correct, has & ~correct
-    return {
+    out = {
         keys.DISP_CORRECT: _mean(per_row[c]),
         keys.DISP_INCORRECT: _mean(per_row[i]),
         "lld/disp_correct_per_token": _mean(per_row_tok[c]),
@@ -79,6 +87,57 @@ def displacement_metrics(
         keys.FRAC_CORRECT_FELL: _mean((per_row[c] < 0).float()),
         "lld/frac_correct_actions_fell": _mean((corr_actions < 0).float()),
     }
+    if advantages is not None:
+        first = per_action[:, 0] if per_action.shape[1] else per_row * 0
+        later_exists = action_exists[:, 1:].any(-1) if action_exists.shape[1] > 1 else has & False
+        out.update(
+            advantage_displacement(per_row, first, per_row - first, later_exists, has, advantages)
+        )
+    return out
+
+
+def advantage_displacement(
+    per_row: Tensor,
+    first_action: Tensor,
+    later_actions: Tensor,
+    has_later: Tensor,
+    has: Tensor,
+    advantages: Tensor,
+) -> dict[str, float]:
+    """The paper's LLD quantities from each response's log-likelihood change.
+
+    `per_row[i]` is response i's summed change `Delta_i` over its model tokens, `first_action[i]`
+    the part of it on the first action (the tokens before the first observation),
+    `later_actions[i]` the rest (`has_later[i]`: the response has a later action). Positive
+    responses (advantage > 0) are the ones GRPO raises; LLD is their `Delta <= 0`.
+    """
+    adv = advantages.reshape(-1).to(per_row.device)
+    pos, neg = has & (adv > 0), has & (adv < 0)
+    return {
+        keys.DISP_POS: _mean(per_row[pos]),
+        keys.FRAC_POS_FELL: _mean((per_row[pos] <= 0).float()),
+        keys.DISP_POS_FIRST_ACTION: _mean(first_action[pos]),
+        keys.DISP_POS_LATER_ACTIONS: _mean(later_actions[pos & has_later]),
+        keys.DISP_NEG: _mean(per_row[neg]),
+        "lld/pos_responses": float(pos.sum()),
+    }
+
+
+def group_hidden_similarity(
+    pooled: Tensor, group_ids: Sequence[str], correct: Sequence[bool]
+) -> float:
+    """Mean cosine similarity between the hidden representations of correct and incorrect
+    responses of the same group (the paper's Fig. 3b): the mean over every (correct,
+    incorrect) pair of a group, then over groups that have both; NaN when none has.
+
+    `pooled` is `[B, H]`: one vector per response (the trainer uses the last layer's hidden
+    states averaged over the response's model tokens)."""
+    unit = torch.nn.functional.normalize(pooled.float(), dim=-1)
+    rows: dict[str, tuple[list[int], list[int]]] = {}
+    for r, (g, ok) in enumerate(zip(group_ids, correct, strict=True)):
+        rows.setdefault(g, ([], []))[0 if ok else 1].append(r)
+    sims = [float((unit[good] @ unit[bad].T).mean()) for good, bad in rows.values() if good and bad]
+    return sum(sims) / len(sims) if sims else NAN
 
 
 def shared_first_search_share(

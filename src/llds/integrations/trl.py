@@ -357,7 +357,8 @@ def lld_metrics_from_inputs(
     before = per_token_logps if old is None else old
     out = likelihood_metrics(before, mask, action_index, correct, searches)
     if old is not None:
-        out.update(displacement_metrics(old, per_token_logps, mask, action_index, correct))
+        adv = inputs["advantages"].reshape(mask.shape[0], -1)[:, 0]
+        out.update(displacement_metrics(old, per_token_logps, mask, action_index, correct, adv))
     return out
 
 

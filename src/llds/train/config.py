@@ -126,6 +126,10 @@ class DiagnosticsConfig:
     update_ratio: bool = True
     """log `optim/update_ratio` = ||delta theta|| / ||theta|| per step (keeps one copy of the
     trainable weights during the update; off with `enabled: false` too)"""
+    hidden_similarity_every: int = 10
+    """every N steps, `lld/hidden_cos_correct_incorrect`: the mean cosine similarity of the last
+    hidden states (averaged over response tokens) of correct and incorrect responses of a group
+    (one extra forward over the mixed groups' rollouts); 0 = off"""
 
 
 @dataclass

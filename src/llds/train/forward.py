@@ -148,3 +148,30 @@ def batched_log_probs(
         if ent is not None and en is not None:
             ent[rows, :width] = en.float().cpu()
     return logp, ent
+
+
+@torch.no_grad()
+def pooled_response_hidden(model, batch: RolloutBatch, token_budget: int) -> Tensor:
+    """`[B, H]` float32: each row's last-layer hidden states averaged over its model-written
+    response tokens (zeros for a row with none), in micro-batches, no gradient."""
+    b = len(batch)
+    device = next(model.parameters()).device
+    out: Tensor | None = None
+    for rows in plan_micro_batches(batch, list(range(b)), token_budget):
+        sub = batch.select(rows)
+        mask = sub.attention_mask.to(device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        hidden = model(
+            input_ids=sub.input_ids.to(device),
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=False,
+            output_hidden_states=True,
+            logits_to_keep=1,
+        ).hidden_states[-1][:, sub.prompt_len :, :]
+        weight = sub.loss_mask.to(device).float().unsqueeze(-1)
+        pooled = (hidden.float() * weight).sum(1) / weight.sum(1).clamp(min=1)
+        if out is None:
+            out = torch.zeros(b, pooled.shape[-1])
+        out[rows] = pooled.cpu()
+    return out if out is not None else torch.zeros(0, 0)

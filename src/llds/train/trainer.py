@@ -29,6 +29,7 @@ from llds.data.example import QAExample
 from llds.diagnostics.alarms import Alarm, AlarmMonitor, should_act
 from llds.diagnostics.likelihood import (
     displacement_metrics,
+    group_hidden_similarity,
     likelihood_metrics,
     shared_first_search_share,
 )
@@ -49,7 +50,12 @@ from llds.train.checkpoint import (
 )
 from llds.train.config import TrainConfig
 from llds.train.distributed import Dist
-from llds.train.forward import batched_log_probs, plan_micro_batches, response_log_probs
+from llds.train.forward import (
+    batched_log_probs,
+    plan_micro_batches,
+    pooled_response_hidden,
+    response_log_probs,
+)
 from llds.train.lr_schedule import lr_factor
 from llds.train.periodic_eval import PeriodicEvaluator, eval_rollout_config, is_due
 from llds.train.precision import Precision, compute_dtype_of, update_ratio
@@ -306,7 +312,10 @@ class GRPOTrainer:
         metrics = self._rollout_metrics(batch, adv, old_logp, entropy)
         metrics.update(update_stats)
         if cfg.diagnostics.enabled:
-            metrics.update(self._displacement(batch, old_logp, k))
+            metrics.update(self._displacement(batch, old_logp, adv, k))
+            every = cfg.diagnostics.hidden_similarity_every
+            if every > 0 and k % every == 0:
+                metrics[keys.HIDDEN_COSINE] = self._hidden_similarity(batch)
         t_diag = time.perf_counter() - t4
         model_tokens = int(batch.loss_mask.sum())
         metrics.update(
@@ -665,7 +674,7 @@ class GRPOTrainer:
         )
         return m
 
-    def _displacement(self, batch: RolloutBatch, old_logp, k: int) -> dict[str, float]:
+    def _displacement(self, batch: RolloutBatch, old_logp, adv, k: int) -> dict[str, float]:
         """One extra no-grad forward: how did this step's updates move the batch's likelihood?"""
         frac = self.cfg.diagnostics.sample_fraction
         b = len(batch)
@@ -687,7 +696,28 @@ class GRPOTrainer:
         w = sub.response_len
         correct = torch.tensor([e.em > 0 for e in sub.episodes])
         return displacement_metrics(
-            old_logp[rows, :w], new_logp, sub.loss_mask, sub.action_index, correct
+            old_logp[rows, :w], new_logp, sub.loss_mask, sub.action_index, correct, adv[rows]
+        )
+
+    def _hidden_similarity(self, batch: RolloutBatch) -> float:
+        """Fig. 3b of the paper: how alike the model represents correct and incorrect responses
+        of the same question (after this step's update; the mixed groups only)."""
+        correct = [e.em > 0 for e in batch.episodes]
+        verdicts: dict[str, set[bool]] = {}
+        for g, ok in zip(batch.group_ids, correct, strict=True):
+            verdicts.setdefault(g, set()).add(ok)
+        rows = [r for r, g in enumerate(batch.group_ids) if len(verdicts[g]) == 2]
+        if not rows:
+            return float("nan")
+        sub = batch.select(rows)
+        self.rollout_model.eval()
+        with self.precision.autocast():
+            pooled = pooled_response_hidden(
+                self.rollout_model, sub, self.cfg.optim.micro_batch_tokens
+            )
+        self.model.train()
+        return group_hidden_similarity(
+            pooled, [batch.group_ids[r] for r in rows], [correct[r] for r in rows]
         )
 
     def _zero_weight_backward(self, batch: RolloutBatch, rows: list[int]) -> None:
