@@ -4,13 +4,15 @@ each response matches the first-order prediction -lr * grad(L) . grad(log p_i)."
 from __future__ import annotations
 
 import dataclasses
+import math
 
+import pytest
 import torch
 
 from conftest import make_tiny_model, tag_happy
 from llds.algo import group_advantages, policy_loss
 from llds.data.example import QAExample
-from llds.diagnostics.probe import probe_group, run_probe, summarize
+from llds.diagnostics.probe import probe_group, probe_metrics, run_probe, summarize
 from llds.env.prompts import build_prompt_ids
 from llds.rollout import RolloutConfig, RolloutEngine, RolloutRequest
 from llds.train.forward import response_log_probs
@@ -48,7 +50,7 @@ def test_probe_matches_first_order_prediction_and_restores_weights(
     assert 0 < int((batch.rewards > 0).sum()) < len(batch)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     lr = 1e-3
-    old, new = probe_group(model, batch, lr=lr, optimizer="sgd")
+    old, new, first_order = probe_group(model, batch, lr=lr, optimizer="sgd")
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k]), k
 
@@ -67,6 +69,8 @@ def test_probe_matches_first_order_prediction_and_restores_weights(
         predicted = -lr * sum((a * b).sum() for a, b in zip(g_loss, g_i, strict=True)).item()
         measured = (new[i] - old[i])[mask[i]].sum().item()
         assert abs(measured - predicted) <= 0.15 * abs(predicted) + 1e-5, (i, measured, predicted)
+        # the probe's own first-order quantity is the same inner product, per unit step
+        assert lr * float(first_order[i]) == pytest.approx(predicted, rel=1e-4, abs=1e-9), i
 
 
 def test_run_probe_reports_mixed_groups_only(small_world, world_tokenizer, world_retriever):
@@ -89,3 +93,7 @@ def test_run_probe_reports_mixed_groups_only(small_world, world_tokenizer, world
     assert r.n_correct + r.n_incorrect == 6 and r.n_correct > 0
     s = summarize(results)
     assert s["probed"] == 1 and s["lld_share"] in (0.0, 1.0)
+    assert s["first_order_lld_share"] == float(r.first_order_correct < 0)
+    m = probe_metrics(results)
+    assert m["probe/questions"] == 1.0 and m["probe/first_order_correct"] == r.first_order_correct
+    assert math.isnan(probe_metrics([])["probe/lld_share"])

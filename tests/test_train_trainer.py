@@ -388,3 +388,33 @@ def test_background_runs_are_library_calls(tmp_path, small_world, world_tokenize
         assert [r["step"] for r in logged] == [1, 2]
         assert logged[-1]["reward/mean"] == rows[-1]["reward/mean"]
         assert logged[-1]["policy/pg_loss"] == pytest.approx(rows[-1]["policy/pg_loss"], abs=1e-6)
+
+
+def test_probe_and_hidden_similarity_leave_training_unchanged(
+    tmp_path, small_world, world_tokenizer, world_retriever
+):
+    """The periodic probe runs on a copy and forks the random streams; the similarity pass is
+    a no-grad forward: the trained weights are bit for bit those of a run without them."""
+    params = {}
+    for name, extra in (
+        ("off", ["diagnostics.hidden_similarity_every=0"]),
+        ("on", ["diagnostics.probe_every=1", "diagnostics.probe_questions=3"]),
+    ):
+        tr = _trainer(
+            tmp_path / name, small_world, world_tokenizer, world_retriever, ["steps=2", *extra]
+        )
+        rows = tr.train()
+        params[name] = [p.detach().clone() for p in tr.model.parameters()]
+        if name == "on":
+            assert all(r["probe/questions"] <= 3 for r in rows)
+            assert "lld/hidden_cos_correct_incorrect" in rows[0]
+        else:
+            assert "probe/questions" not in rows[0]
+    assert all(torch.equal(a, b) for a, b in zip(params["off"], params["on"], strict=True))
+
+
+def test_probe_settings_are_checked_by_name():
+    with pytest.raises(ConfigError, match="diagnostics.probe_lr"):
+        load_config(None, [*BASE, "diagnostics.probe_every=5", "diagnostics.probe_lr=0"])
+    with pytest.raises(ConfigError, match="diagnostics.probe_every"):
+        load_config(None, [*BASE, "diagnostics.probe_every=-1"])

@@ -1,8 +1,13 @@
-"""The one-step likelihood-displacement probe (the paper's per-question diagnostic).
+"""The one-step likelihood-displacement probe (the paper's per-question diagnostic, Eq. 3).
 
-For each question whose sampled group has both correct and incorrect rollouts: from the same
-weights, take ONE GRPO update on that group alone, then measure how the log-likelihood of its
-correct responses moved. GRPO asks it to rise; a mean below zero is Lazy Likelihood
+For each question whose sampled group has both correct and incorrect rollouts, from the same
+weights:
+- the first-order change of each response's log-likelihood along the GRPO update direction,
+  `<grad log pi(y_i), -grad L>` with `L` the group's GRPO loss: its sign is the sign of the
+  change a small plain-SGD step causes, and it needs no step size;
+- ONE such update (plain SGD by default, as in Eq. 3; Adam on request) on that group alone, and
+  the measured change of the log-likelihood of its responses.
+GRPO asks the correct responses' likelihood to rise; a change below zero is Lazy Likelihood
 Displacement: the negative gradients of similar wrong responses dragged the correct ones down.
 """
 
@@ -12,7 +17,7 @@ import copy
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import torch
 
@@ -39,6 +44,40 @@ class ProbeResult:
     disp_correct_per_token: float
     disp_incorrect: float
     frac_correct_fell: float
+    first_order_correct: float
+    """mean over correct responses of <grad log pi(y), -grad L> (per unit SGD step)"""
+    first_order_incorrect: float
+
+
+class GroupProbe(NamedTuple):
+    """One group's probe: log-probs before and after the update `[B, R]`, and each response's
+    first-order log-likelihood change per unit SGD step `[B]`."""
+
+    old: torch.Tensor
+    new: torch.Tensor
+    first_order: torch.Tensor
+
+
+def first_order_displacement(model, batch, objective: Objective) -> torch.Tensor:
+    """`[B]`: `<grad log pi(y_i), -grad L>` at the current weights for every response i, with
+    `L` the GRPO loss of `batch` (pi_old = the current policy, ratio 1). A plain-SGD step of size
+    lr changes `log pi(y_i)` by `lr` times this, to first order (the paper's Eq. 3)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    model.eval()  # no dropout: the gradients of the weights as they are
+    lp, _ = response_log_probs(model, batch)
+    mask = batch.loss_mask.to(lp.device)
+    adv = group_advantages(batch.rewards, batch.group_ids).to(lp.device)
+    loss, _ = grpo_objective(lp, lp.detach(), adv, mask, objective)
+    descent = [-g for g in torch.autograd.grad(loss, params, retain_graph=True)]
+    out = torch.zeros(len(batch))
+    for i in range(len(batch)):
+        if not mask[i].any():
+            continue
+        grads = torch.autograd.grad(lp[i][mask[i]].sum(), params, retain_graph=True)
+        out[i] = sum(
+            float((a.float() * b.float()).sum()) for a, b in zip(grads, descent, strict=True)
+        )
+    return out
 
 
 def probe_group(
@@ -46,17 +85,21 @@ def probe_group(
     batch,
     *,
     lr: float,
-    optimizer: str = "adam",
+    optimizer: str = "sgd",
     clip: float = 0.2,
     aggregation: str = "token-mean",
     token_budget: int = 16384,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One update on `batch` (one question's group); returns (old, new) log-probs `[B, R]`.
+) -> GroupProbe:
+    """One GRPO update on `batch` (one question's group) and the first-order prediction.
 
     The model's weights are restored before returning.
     """
     saved = copy.deepcopy(model.state_dict())
     try:
+        first_order = first_order_displacement(
+            model, batch, Objective(clip_low=clip, aggregation=aggregation)
+        )
+        model.zero_grad(set_to_none=True)
         model.eval()
         old, _ = batched_log_probs(model, batch, token_budget)
         adv = group_advantages(batch.rewards, batch.group_ids)
@@ -80,9 +123,10 @@ def probe_group(
         opt.step()
         model.eval()
         new, _ = batched_log_probs(model, batch, token_budget)
-        return old, new
+        return GroupProbe(old, new, first_order)
     finally:
         model.load_state_dict(saved)
+        model.zero_grad(set_to_none=True)
 
 
 def run_probe(
@@ -93,8 +137,8 @@ def run_probe(
     *,
     group_size: int = 8,
     rollout: RolloutConfig | None = None,
-    lr: float = 1e-6,
-    optimizer: str = "adam",
+    lr: float = 1e-2,
+    optimizer: str = "sgd",
     seed: int = 0,
     template: PromptTemplate | str | None = None,
     chat: bool | None = None,
@@ -118,7 +162,7 @@ def run_probe(
             correct = batch.rewards > 0
             if correct.all() or not correct.any():
                 continue
-            old, new = probe_group(model, batch, lr=lr, optimizer=optimizer)
+            old, new, first_order = probe_group(model, batch, lr=lr, optimizer=optimizer)
             mask = batch.loss_mask
             delta = torch.where(mask, new - old, torch.zeros_like(new)).sum(-1)
             per_tok = delta / mask.sum(-1).clamp(min=1)
@@ -132,6 +176,8 @@ def run_probe(
                     disp_correct_per_token=float(per_tok[correct].mean()),
                     disp_incorrect=float(delta[~correct].mean()),
                     frac_correct_fell=float((delta[correct] < 0).float().mean()),
+                    first_order_correct=float(first_order[correct].mean()),
+                    first_order_incorrect=float(first_order[~correct].mean()),
                 )
             )
     return results
@@ -144,9 +190,24 @@ def summarize(results: Sequence[ProbeResult]) -> dict[str, Any]:
     return {
         "probed": n,
         "lld_share": sum(r.disp_correct < 0 for r in results) / n,
+        "first_order_lld_share": sum(r.first_order_correct < 0 for r in results) / n,
         "mean_disp_correct": sum(r.disp_correct for r in results) / n,
         "mean_disp_incorrect": sum(r.disp_incorrect for r in results) / n,
+        "mean_first_order_correct": sum(r.first_order_correct for r in results) / n,
         "results": [asdict(r) for r in results],
+    }
+
+
+def probe_metrics(results: Sequence[ProbeResult]) -> dict[str, float]:
+    """The probe as training metrics (`probe/*`); shares are NaN when no group was mixed."""
+    s = summarize(results)
+    nan = float("nan")
+    return {
+        "probe/questions": float(s["probed"]),
+        "probe/lld_share": s.get("lld_share", nan),
+        "probe/first_order_lld_share": s.get("first_order_lld_share", nan),
+        "probe/disp_correct": s.get("mean_disp_correct", nan),
+        "probe/first_order_correct": s.get("mean_first_order_correct", nan),
     }
 
 
@@ -182,9 +243,12 @@ class ProbeConfig(ModelOnData):
         default=64, metadata={"help": "questions to sample (mixed groups are probed)"}
     )
     group_size: int = dataclasses.field(default=8, metadata={"help": "rollouts per question"})
-    lr: float = dataclasses.field(default=1e-6, metadata={"help": "step size of the probe update"})
+    lr: float = dataclasses.field(
+        default=1e-2,
+        metadata={"help": "step size of the probe update (the first-order change needs none)"},
+    )
     optimizer: Literal["adam", "sgd"] = dataclasses.field(
-        default="adam", metadata={"help": "optimizer of the probe update"}
+        default="sgd", metadata={"help": "the probe update: plain SGD (Eq. 3) or a fresh Adam"}
     )
     temperature: float = dataclasses.field(default=1.0, metadata={"help": "sampling temperature"})
     seed: int = dataclasses.field(default=0, metadata={"help": "sampling seed"})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -126,6 +127,13 @@ class DiagnosticsConfig:
     update_ratio: bool = True
     """log `optim/update_ratio` = ||delta theta|| / ||theta|| per step (keeps one copy of the
     trainable weights during the update; off with `enabled: false` too)"""
+    probe_every: int = 0
+    """every N steps, the one-step probe (the paper's Eq. 3) on a fixed set of training
+    questions, on a copy of the policy: `probe/*` metrics (main process only); 0 = off"""
+    probe_questions: int = 16
+    """questions in the probe set (only those whose sampled group is mixed are probed)"""
+    probe_lr: float = 1e-2
+    """plain-SGD step of the probe update (`probe/first_order_*` need no step size)"""
     hidden_similarity_every: int = 10
     """every N steps, `lld/hidden_cos_correct_incorrect`: the mean cosine similarity of the last
     hidden states (averaged over response tokens) of correct and incorrect responses of a group
@@ -227,6 +235,14 @@ class TrainConfig:
             raise bad("optim.mini_batches", f"{self.optim.mini_batches} > {rows} rollouts per step")
         if not 0 < self.diagnostics.sample_fraction <= 1:
             raise bad("diagnostics.sample_fraction", "must be in (0, 1]")
+        d = self.diagnostics
+        for key in ("probe_every", "hidden_similarity_every"):
+            if getattr(d, key) < 0:
+                raise bad(f"diagnostics.{key}", f"must be >= 0 (0 = off), got {getattr(d, key)}")
+        if d.probe_every > 0 and d.probe_questions < 1:
+            raise bad("diagnostics.probe_questions", f"must be >= 1, got {d.probe_questions}")
+        if d.probe_every > 0 and not (d.probe_lr > 0 and math.isfinite(d.probe_lr)):
+            raise bad("diagnostics.probe_lr", f"must be a positive number, got {d.probe_lr}")
         self.rollout.validate()
         if self.optim.lr <= 0:
             raise bad("optim.lr", "must be > 0")

@@ -9,10 +9,12 @@ diagnostics -> metrics -> periodic atomic checkpoint.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import logging
 import math
+import random
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -33,6 +35,7 @@ from llds.diagnostics.likelihood import (
     likelihood_metrics,
     shared_first_search_share,
 )
+from llds.diagnostics.probe import probe_metrics, run_probe
 from llds.env.prompts import PromptTemplate, build_prompt_ids
 from llds.env.protocol import Protocol
 from llds.env.rewards import FormatRewardConfig
@@ -169,6 +172,7 @@ class GRPOTrainer:
             max_total_tokens=cfg.rollout.max_total_tokens,
         )
         self.evaluator = self._periodic_evaluator(eval_examples)
+        self.probe_set = self._probe_set(train_examples)
 
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
@@ -341,6 +345,8 @@ class GRPOTrainer:
         if self.evaluator is not None and is_due(self.step, cfg.eval_every, cfg.steps):
             with self.precision.autocast():
                 metrics.update(self.evaluator(self.rollout_model, self.step))
+        if self.probe_set and self.step % cfg.diagnostics.probe_every == 0:
+            metrics.update(self._probe())
         if self.logger is not None:
             self.logger.log(self.step, metrics)
         if self.step % cfg.save_every == 0 or self.step == cfg.steps:
@@ -371,6 +377,38 @@ class GRPOTrainer:
             chat=cfg.model.chat,
             out_dir=self.run_dir,
         )
+
+    def _probe_set(self, examples: Sequence[QAExample]) -> list[QAExample]:
+        """The fixed questions the periodic probe uses (main process only; empty when off)."""
+        d = self.cfg.diagnostics
+        if d.probe_every <= 0 or not d.enabled or not self.dist.is_main:
+            return []
+        n = min(d.probe_questions, len(examples))
+        return random.Random(self.cfg.seed + 7919).sample(list(examples), n)
+
+    def _probe(self) -> dict[str, float]:
+        """The one-step probe on a float32 copy of the policy: the trained weights, optimizer
+        and random streams are left exactly as they were."""
+        cfg = self.cfg
+        model = copy.deepcopy(self.rollout_model).float().requires_grad_(True)
+        devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+        with torch.random.fork_rng(devices=devices), self.precision.autocast():
+            results = run_probe(
+                model,
+                self.tokenizer,
+                self.retriever,
+                self.probe_set,
+                group_size=cfg.rollout.group_size,
+                rollout=self.engine.config,
+                lr=cfg.diagnostics.probe_lr,
+                optimizer="sgd",
+                seed=cfg.seed,
+                template=self.template,
+                chat=cfg.model.chat,
+                progress=False,
+            )
+        del model
+        return probe_metrics(results)
 
     # ------------------------------------------------------------------ alarms
     def _new_monitor(self) -> AlarmMonitor | None:
