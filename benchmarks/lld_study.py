@@ -1,0 +1,273 @@
+"""The LLD study: does GRPO on the organism enter the death spiral at a sane learning rate, does
+LLDS stop it, and does the detector see it coming? (Protocol: benchmarks/README.md, "The LLD
+study"; written before the runs.)
+
+Each arm is an override file of one recipe (`benchmarks/lld_study/*.yaml`, `base.yaml` on the
+`organism` preset); every run starts from the demo's warm start. Seed sets: `tune` (10 11 12:
+the detector's thresholds are set on these) and `judge` (0 1 2: judged with frozen thresholds).
+
+    llds demo --out runs/demo --skip-train                     # world + warm start (once)
+    python benchmarks/lld_study.py --demo runs/demo --out runs/lld-study --set tune
+    python benchmarks/lld_study.py --demo runs/demo --out runs/lld-study --set judge
+    python benchmarks/lld_study.py ... --summarize-only        # tables from what is on disk
+
+Resumable: a finished run is skipped, an interrupted one resumes from its last checkpoint.
+Runs go `--parallel` at a time (one thread each), through `llds.train.background.start_run`.
+Writes `lld_study.json` and `lld_study.png` in --out and prints the markdown tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import machine
+from llds import metrics as keys
+from llds.diagnostics.alarms import scan_alarms
+from llds.train.background import start_run
+from llds.train.config import TrainConfig, load_config
+from llds.train.eval_result import EvalResult, eval_file
+from llds.train.tracking import read_metrics
+
+HERE = Path(__file__).resolve().parent / "lld_study"
+ARMS: dict[str, str] = {"GRPO": "grpo.yaml", "GRPO+LLDS": "grpo-llds.yaml"}
+SEED_SETS: dict[str, tuple[int, ...]] = {"tune": (10, 11, 12), "judge": (0, 1, 2)}
+COLORS = {"GRPO": "tab:red", "GRPO+LLDS": "tab:blue"}
+
+# The collapse definition (pre-registered): the 10-step median training reward falls to at most
+# half of its running peak (a peak of at least 0.2) and stays there to the end of the run.
+SMOOTH = 10
+DROP = 0.5
+MIN_PEAK = 0.2
+LLD_WINDOW = 50  # steps before the collapse in which LLD is looked for
+
+
+def run_dir(out: Path, arm: str, seed: int) -> Path:
+    return out / arm.replace("+", "_") / f"seed{seed}"
+
+
+def arm_config(demo: Path, out: Path, arm: str, seed: int) -> TrainConfig:
+    """The run of `arm` for `seed`: the arm's file plus the warm start's paths and the seed."""
+    return load_config(
+        HERE / ARMS[arm],
+        [
+            f"run_dir={run_dir(out, arm, seed)}",
+            f"seed={seed}",
+            f"model.path={demo / 'sft' / 'model'}",
+            f"data.train={demo / 'world' / 'train.jsonl'}",
+            f"data.eval={demo / 'world' / 'test.jsonl'}",
+            f"retriever.source={demo / 'world' / 'corpus.jsonl'}",
+        ],
+    )
+
+
+def finished(cfg: TrainConfig) -> bool:
+    rows = read_metrics(cfg.run_dir) if (Path(cfg.run_dir) / "metrics.jsonl").is_file() else []
+    return bool(rows) and rows[-1]["step"] >= cfg.steps
+
+
+def run_all(demo: Path, out: Path, arms: Sequence[str], seeds: Sequence[int], parallel: int):
+    """Every unfinished (arm, seed) in its own process, `parallel` at a time."""
+    jobs = [(arm, s) for s in seeds for arm in arms]
+    jobs = [(a, s) for a, s in jobs if not finished(arm_config(demo, out, a, s))]
+    running: list[tuple[Any, Path]] = []
+    while jobs or running:
+        while jobs and len(running) < parallel:
+            arm, seed = jobs.pop(0)
+            cfg = arm_config(demo, out, arm, seed)
+            log = Path(cfg.run_dir) / f"train-{int(time.time())}.log"
+            print(f"start {arm} seed {seed} -> {cfg.run_dir}", flush=True)
+            running.append((start_run(cfg, log), log))
+        time.sleep(5)
+        for proc, log in list(running):
+            if not proc.is_alive():
+                proc.join()
+                running.remove((proc, log))
+                if proc.exitcode:
+                    raise SystemExit(f"a run failed (exit {proc.exitcode}); see {log}")
+
+
+def _median_window(values: Sequence[float | None], end: int, width: int) -> float | None:
+    window = [v for v in values[max(0, end - width + 1) : end + 1] if v is not None]
+    return statistics.median(window) if window else None
+
+
+def collapse_step(steps: Sequence[int], reward: Sequence[float]) -> int | None:
+    """The pre-registered collapse: the first step from which the 10-step median reward stays at
+    or below half of the running peak (>= 0.2) of that median to the end of the run."""
+    smooth = [_median_window(reward, i, SMOOTH) for i in range(len(reward))]
+    peak, low_since = 0.0, None
+    for i, s in enumerate(smooth):
+        assert s is not None
+        peak = max(peak, s)
+        if peak >= MIN_PEAK and s <= DROP * peak:
+            low_since = i if low_since is None else low_since
+        else:
+            low_since = None
+    return steps[low_since] if low_since is not None else None
+
+
+def _mean(rows: Sequence[dict[str, Any]], key: str) -> float | None:
+    vals = [r[key] for r in rows if r.get(key) is not None]
+    return statistics.fmean(vals) if vals else None
+
+
+def summarize_run(path: Path) -> dict[str, Any]:
+    rows = read_metrics(path)
+    if not rows:
+        raise SystemExit(f"{path}: no metrics.jsonl rows (run the study first)")
+    steps = [r["step"] for r in rows]
+    reward = [r[keys.REWARD_MEAN] for r in rows]
+    collapse = collapse_step(steps, reward)
+    # replayed with the detector of this checkout, not read from what fired online
+    critical = [a for a in scan_alarms(rows) if a.severity == "critical"]
+    first = critical[0].step if critical else None
+    out: dict[str, Any] = {
+        "steps": steps[-1],
+        "collapse_step": collapse,
+        "first_critical_alarm": first,
+        "first_critical_kind": critical[0].kind if critical else None,
+        "lead": None if collapse is None or first is None else collapse - first,
+        "false_alarm": collapse is None and first is not None,
+        "eval_em": {r["step"]: r["eval/em"] for r in rows if "eval/em" in r},
+        "first10": {
+            "approx_kl": _mean(rows[:10], "policy/approx_kl"),
+            "clip_frac": sum(
+                _mean(rows[:10], f"policy/clip_frac_{side}") or 0.0 for side in ("low", "high")
+            ),
+        },
+        "wall_s": sum(r["time/step"] for r in rows),
+        "series": {
+            k: [r.get(k) for r in rows]
+            for k in (keys.REWARD_MEAN, keys.DISP_POS, keys.FRAC_POS_FELL, keys.ENTROPY)
+        },
+    }
+    if collapse is not None:
+        i = steps.index(collapse)
+        before = rows[max(0, i - LLD_WINDOW) : i]
+        out["before_collapse"] = {
+            "disp_pos_median": _median_of(before, keys.DISP_POS),
+            "frac_pos_fell_median": _median_of(before, keys.FRAC_POS_FELL),
+            "reward_start": _median_window(reward, max(0, i - LLD_WINDOW), SMOOTH),
+            "reward_peak_step": steps[max(range(i + 1), key=lambda j: reward[j])],
+            "approx_kl": _mean(before, "policy/approx_kl"),
+        }
+    return out
+
+
+def _median_of(rows: Sequence[dict[str, Any]], key: str) -> float | None:
+    vals = [r[key] for r in rows if r.get(key) is not None]
+    return statistics.median(vals) if vals else None
+
+
+def _fmt(v: Any, digits: int = 3) -> str:
+    return "-" if v is None else f"{v:.{digits}f}" if isinstance(v, float) else str(v)
+
+
+def table(study: dict[str, dict[int, dict[str, Any]]], start: float | None) -> str:
+    checkpoints = sorted(
+        {s for runs in study.values() for r in runs.values() for s in r["eval_em"]}
+    )
+    head = ["arm", "seed", "start EM", *[f"EM @ {c}" for c in checkpoints]]
+    head += ["collapse step", "first critical alarm", "lead", "disp_pos before", "KL / clip, 1-10"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for arm, runs in study.items():
+        for seed, r in sorted(runs.items()):
+            b = r.get("before_collapse", {})
+            cells = [arm, str(seed), _fmt(start)]
+            cells += [_fmt(r["eval_em"].get(c)) for c in checkpoints]
+            cells += [
+                _fmt(r["collapse_step"]) if r["collapse_step"] else "none",
+                f"{r['first_critical_alarm']} ({r['first_critical_kind']})"
+                if r["first_critical_alarm"]
+                else "none",
+                _fmt(r["lead"]),
+                _fmt(b.get("disp_pos_median")),
+                f"{_fmt(r['first10']['approx_kl'], 4)} / {_fmt(r['first10']['clip_frac'])}",
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(study: dict[str, dict[int, dict[str, Any]]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [
+        (keys.REWARD_MEAN, "training reward (10-step median)"),
+        (keys.DISP_POS, "displacement of A>0 responses (10-step median)"),
+        (keys.FRAC_POS_FELL, "share of A>0 responses that lost likelihood"),
+    ]
+    fig, axes = plt.subplots(1, 4, figsize=(19, 4.2))
+    for arm, runs in study.items():
+        for r in runs.values():
+            color = COLORS.get(arm, "black")
+            for ax, (key, title) in zip(axes, panels, strict=False):
+                ys = r["series"][key]
+                smooth = [_median_window(ys, i, SMOOTH) for i in range(len(ys))]
+                ax.plot(range(1, len(ys) + 1), smooth, color=color, lw=1, alpha=0.8)
+                ax.set_title(title, fontsize=10)
+            em = sorted(r["eval_em"].items())
+            axes[3].plot([s for s, _ in em], [v for _, v in em], color=color, marker="o", lw=1)
+            if r["collapse_step"]:
+                axes[0].axvline(r["collapse_step"], color=color, ls=":", lw=0.8)
+            if r["first_critical_alarm"]:
+                axes[0].plot(r["first_critical_alarm"], 0, marker="^", color=color)
+    axes[1].axhline(0, color="black", lw=0.6)
+    axes[3].set_title("held-out EM (120 questions, greedy)", fontsize=10)
+    for ax in axes:
+        ax.set_xlabel("step")
+    handles = [plt.Line2D([], [], color=c, label=a) for a, c in COLORS.items() if a in study]
+    axes[3].legend(handles=handles, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--demo", type=Path, default=Path("runs/demo"))
+    ap.add_argument("--out", type=Path, default=Path("runs/lld-study"))
+    ap.add_argument("--set", choices=sorted(SEED_SETS), default="tune")
+    ap.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
+    ap.add_argument("--parallel", type=int, default=2)
+    ap.add_argument("--summarize-only", action="store_true")
+    args = ap.parse_args()
+    seeds = SEED_SETS[args.set]
+    if not args.summarize_only:
+        if not (args.demo / "sft" / "model").is_dir():
+            raise SystemExit(f"{args.demo}: no warm start; run `llds demo --out {args.demo}`")
+        run_all(args.demo, args.out, args.arms, seeds, args.parallel)
+    study = {
+        arm: {
+            s: summarize_run(run_dir(args.out, arm, s))
+            for s in seeds
+            if (run_dir(args.out, arm, s) / "metrics.jsonl").is_file()
+        }
+        for arm in args.arms
+    }
+    start_file = eval_file(args.demo / "sft", 0)
+    start = EvalResult.read(start_file).overall.em if start_file.is_file() else None
+    print(f"machine: {machine()}")
+    print(f"seed set: {args.set} {seeds}\n")
+    print(table(study, start))
+    args.out.mkdir(parents=True, exist_ok=True)
+    slim = {
+        a: {s: {k: v for k, v in r.items() if k != "series"} for s, r in runs.items()}
+        for a, runs in study.items()
+    }
+    (args.out / f"lld_study_{args.set}.json").write_text(json.dumps(slim, indent=1))
+    plot(study, args.out / f"lld_study_{args.set}.png")
+
+
+if __name__ == "__main__":
+    main()
