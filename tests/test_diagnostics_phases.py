@@ -338,3 +338,45 @@ def test_collapse_from_sharp_drop_without_spikes():
     labels = detect_phases(rows)
     assert first(labels, "collapse") == COLLAPSE_START + 1
     assert labels[COLLAPSE_START].evidence["signals"] == ["sharp_drop"]
+
+
+# ------------------------------------------------------------------ the displacement path
+# With `lld/disp_pos` in the log, "falling" is the 20-step rolling median of disp_pos below 0
+# with the rolling median of frac_pos_fell >= 0.5. Noiseless, disp_pos is 0.25 up to step 60
+# and -0.15 after: the window ending at step 70 holds 10 of each (median 0.05, not falling),
+# the one ending at 71 holds 11 falling values (median -0.15): falling from 71, and K = 5
+# falling steps make the first steady-decay label at step 75.
+FIRST_DISP_DECAY_LABEL = 75
+
+
+def test_noiseless_displacement_decay_hits_the_hand_computed_step():
+    rows = synthetic_rows("steady_decay", noise=0.0, displacement=True)
+    labels = detect_phases(rows)
+    assert first(labels, "steady_decay") == FIRST_DISP_DECAY_LABEL
+    assert labels[FIRST_DISP_DECAY_LABEL - 1].evidence["disp_pos"] == pytest.approx(-0.15)
+    alarms = scan_alarms(rows)
+    decay = next(a for a in alarms if a.kind == "likelihood_decay")
+    assert decay.step == FIRST_DISP_DECAY_LABEL and decay.since_step == 71
+    assert "responses GRPO pushes up" in decay.message and "steps 71-75" in decay.message
+
+
+def test_displacement_overrides_the_rollout_likelihood():
+    """A rollout-time likelihood that falls (selection bias can do that) is not a decay when
+    the responses GRPO pushes up gain likelihood; a flat one with a falling displacement is."""
+    falling_logp = synthetic_rows("steady_decay", noise=0.0, decay_slope=0.02)
+    for r in falling_logp:
+        r["lld/disp_pos"], r["lld/frac_pos_fell"] = 0.3, 0.1
+    assert first(detect_phases(falling_logp), "steady_decay") is None
+    flat_logp = synthetic_rows("stagnation", noise=0.0)
+    for r in flat_logp:
+        after = r["step"] > 60
+        r["lld/disp_pos"], r["lld/frac_pos_fell"] = (-0.2, 0.8) if after else (0.2, 0.1)
+    assert first(detect_phases(flat_logp), "steady_decay") == FIRST_DISP_DECAY_LABEL
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_noisy_displacement_runs(seed):
+    healthy = detect_phases(synthetic_rows("healthy", seed=seed, steps=140, displacement=True))
+    assert not {"steady_decay", "collapse"} & {lab.phase for lab in healthy}
+    decay = detect_phases(synthetic_rows("steady_decay", seed=seed, displacement=True))
+    assert abs(first(decay, "steady_decay") - FIRST_DISP_DECAY_LABEL) <= 4

@@ -414,7 +414,7 @@ def test_probe_and_hidden_similarity_leave_training_unchanged(
 
 
 def test_probe_settings_are_checked_by_name():
-    with pytest.raises(ConfigError, match="diagnostics.probe_lr"):
+    with pytest.raises(ConfigError, match=r"diagnostics\.probe_lr"):
         load_config(None, [*BASE, "diagnostics.probe_every=5", "diagnostics.probe_lr=0"])
-    with pytest.raises(ConfigError, match="diagnostics.probe_every"):
+    with pytest.raises(ConfigError, match=r"diagnostics\.probe_every"):
         load_config(None, [*BASE, "diagnostics.probe_every=-1"])

@@ -252,10 +252,26 @@ class AlarmMonitor:
         return Alarm(step, kind, SEVERITY[kind], message, evidence)
 
     def _decay_message(self, step: int, evidence: dict[str, Any]) -> str:
-        """Cite where the decline began: the smoothed-likelihood maximum inside the span that
+        """Cite where the decline began: from the displacement, where its rolling medians first
+        said so; from the rollout-time likelihood, the smoothed maximum inside the span that
         made the trend (trend window + the K falling steps)."""
         cfg = self.config.phase
         hist = self._history()
+        label = self.label
+        if label is not None and label.evidence.get("disp_pos") is not None:
+            ev = label.evidence
+            s0 = step - ev["falling_streak"] + 1
+            r0 = next((s.reward for s in hist if s.step == s0 - cfg.disp_window), None)
+            r1 = ev["reward_level"]
+            evidence.update(
+                since_step=s0, disp_pos=ev["disp_pos"], frac_pos_fell=ev["frac_pos_fell"]
+            )
+            return (
+                f"lazy likelihood displacement: the responses GRPO pushes up (advantage > 0) "
+                f"lost likelihood over steps {s0}-{step} (median change {_fmt(ev['disp_pos'])} "
+                f"nats per response per step, {_fmt(100 * ev['frac_pos_fell'], 0)}% of them fell"
+                f", over the last {cfg.disp_window} steps) while reward {_moved(r0, r1)}"
+            )
         span = hist[-(cfg.window + cfg.decay_steps - 1) :]
 
         def level(i: int, attr: str, width: int) -> float | None:

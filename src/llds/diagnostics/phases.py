@@ -5,6 +5,12 @@ early *stagnation* (flat while reward rises), *steady decay* (falling while rewa
 and gradients look normal), and *accelerated collapse* (sharp likelihood drop, entropy / ratio /
 gradient-norm spikes, reward falls to zero). Reward lags, so the likelihood is the primary signal.
 
+"Falling" is read from the paper's own quantity when the log has it: the displacement of the
+responses GRPO pushes up (`lld/disp_pos`, the change of their log-likelihood over the step's
+updates, and `lld/frac_pos_fell`, the share of them that lost likelihood). The rollout-time
+likelihood of correct responses (`lld/logp_correct`) is selection-biased (it is measured on
+whatever the policy sampled) and is used only for logs without the displacement.
+
 Everything here is causal: the label of step t depends only on rows 1..t, so the same code runs
 online inside the trainer (`PhaseTracker`) and offline on a finished log (`detect_phases`).
 """
@@ -38,6 +44,8 @@ ENTROPY_KEY = keys.ENTROPY
 GRAD_NORM_KEY = keys.GRAD_NORM
 RATIO_MAX_KEY = keys.RATIO_MAX
 FELL_KEY = keys.FRAC_CORRECT_FELL
+DISP_POS_KEY = keys.DISP_POS
+POS_FELL_KEY = keys.FRAC_POS_FELL
 
 
 @dataclass(frozen=True)
@@ -107,6 +115,15 @@ class PhaseConfig:
     over the window reaches this, any clearly negative slope counts as falling"""
     recovery_steps: int = 10
     """calm steps needed to leave the collapse phase once entered"""
+    disp_window: int = 20
+    """steps in the rolling medians of the displacement (`lld/disp_pos`, `lld/frac_pos_fell`)"""
+    disp_fall: float = 0.0
+    """falling: the rolling median of `lld/disp_pos` (nats per response per step) below minus
+    this ..."""
+    pos_fell_frac: float = 0.5
+    """... and the rolling median of `lld/frac_pos_fell` at least this"""
+    disp_flat: float = 0.05
+    """stagnation: |rolling median of `lld/disp_pos`| at most this while reward rises"""
 
     def __post_init__(self) -> None:
         from llds.errors import ConfigError
@@ -122,6 +139,10 @@ class PhaseConfig:
             "reward_drop_steps": self.reward_drop_steps >= 1,
             "spike_z": self.spike_z > 0,
             "recovery_steps": self.recovery_steps >= 1,
+            "disp_window": self.disp_window >= self.min_points,
+            "disp_fall": self.disp_fall >= 0,
+            "pos_fell_frac": 0 <= self.pos_fell_frac <= 1,
+            "disp_flat": self.disp_flat >= 0,
         }
         for name, ok in checks.items():
             if not ok:
@@ -139,6 +160,8 @@ class Sample:
     grad_norm: float | None
     ratio_max: float | None
     frac_fell: float | None
+    disp_pos: float | None = None
+    frac_pos_fell: float | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any], default_step: int) -> Sample:
@@ -151,6 +174,8 @@ class Sample:
             grad_norm=as_float(row.get(GRAD_NORM_KEY)),
             ratio_max=as_float(row.get(RATIO_MAX_KEY)),
             frac_fell=as_float(row.get(FELL_KEY)),
+            disp_pos=as_float(row.get(DISP_POS_KEY)),
+            frac_pos_fell=as_float(row.get(POS_FELL_KEY)),
         )
 
 
@@ -171,6 +196,10 @@ class Signals:
     reward_peak_level: float | None
     reward_noise: float | None
     frac_fell: float | None
+    disp_pos: float | None = None
+    """rolling median of `lld/disp_pos` over `disp_window` (None: not logged / too few)"""
+    frac_pos_fell: float | None = None
+    """rolling median of `lld/frac_pos_fell` over `disp_window`"""
 
     def spiking(self, config: PhaseConfig) -> list[str]:
         """Names of the series spiking at this step."""
@@ -286,6 +315,9 @@ def compute_signals(history: Sequence[Sample], config: PhaseConfig) -> Signals:
     rewards = _finite([s.reward for s in history[-config.smooth :]])
     long_rewards = _finite([s.reward for s in history[-config.peak_smooth :]])
     fell = _finite([s.frac_fell for s in win])
+    disp_win = history[-config.disp_window :]
+    disp = _finite([s.disp_pos for s in disp_win])
+    pos_fell = _finite([s.frac_pos_fell for s in disp_win])
     return Signals(
         logp_trend=logp_trend,
         reward_trend=reward_trend,
@@ -300,6 +332,8 @@ def compute_signals(history: Sequence[Sample], config: PhaseConfig) -> Signals:
         reward_peak_level=median(long_rewards) if len(long_rewards) >= config.smooth else None,
         reward_noise=reward_noise,
         frac_fell=median(fell) if fell else None,
+        disp_pos=median(disp) if len(disp) >= config.min_points else None,
+        frac_pos_fell=median(pos_fell) if len(pos_fell) >= config.min_points else None,
     )
 
 
@@ -317,7 +351,13 @@ class PhaseTracker:
     def __init__(self, config: PhaseConfig | None = None) -> None:
         self.config = config or PhaseConfig()
         cfg = self.config
-        keep = max(cfg.window, cfg.stagnation_window, cfg.baseline_window + 2, cfg.peak_smooth)
+        keep = max(
+            cfg.window,
+            cfg.stagnation_window,
+            cfg.baseline_window + 2,
+            cfg.peak_smooth,
+            cfg.disp_window,
+        )
         self.history: deque[Sample] = deque(maxlen=keep)
         self.count = 0
         self.falling_streak = 0
@@ -339,8 +379,17 @@ class PhaseTracker:
 
         lt, rt = _direction(sig.logp_trend), _direction(sig.reward_trend)
         slope = sig.logp_trend.slope if sig.logp_trend else None
-        lld_majority = sig.frac_fell is not None and sig.frac_fell >= cfg.fell_frac
-        falling = lt == -1 or (lld_majority and slope is not None and slope < -cfg.logp_min_slope)
+        if sig.disp_pos is not None:  # the paper's quantity: the displacement of A > 0
+            falling = (
+                sig.disp_pos < -cfg.disp_fall
+                and sig.frac_pos_fell is not None
+                and sig.frac_pos_fell >= cfg.pos_fell_frac
+            )
+        else:  # older logs: the rollout-time likelihood of correct responses
+            lld_majority = sig.frac_fell is not None and sig.frac_fell >= cfg.fell_frac
+            falling = lt == -1 or (
+                lld_majority and slope is not None and slope < -cfg.logp_min_slope
+            )
         warm = self.count > cfg.window
         self.falling_streak = self.falling_streak + 1 if falling and warm else 0
 
@@ -406,6 +455,8 @@ class PhaseTracker:
             "reward_drop_streak": self.drop_streak,
             "falling_streak": self.falling_streak,
             "frac_correct_fell": sig.frac_fell,
+            "disp_pos": sig.disp_pos,
+            "frac_pos_fell": sig.frac_pos_fell,
             "logp_drop_z": sig.logp_drop_z,
             "signals": signals,
             "logp_long_slope": sig.long_logp_trend.slope if sig.long_logp_trend else None,
@@ -419,14 +470,14 @@ class PhaseTracker:
         return self.last
 
     def _stagnating(self, sig: Signals) -> bool:
-        """Likelihood flat (small slope, not just insignificant) while reward rises."""
+        """Likelihood flat (small slope, not just insignificant; or, from the displacement,
+        the responses GRPO pushes up barely moving) while reward rises."""
         lt, rt = sig.long_logp_trend, sig.long_reward_trend
-        return (
-            lt is not None
-            and rt is not None
-            and abs(lt.slope) <= self.config.flat_slope
-            and rt.direction == 1
-        )
+        if rt is None or rt.direction != 1:
+            return False
+        if sig.disp_pos is not None:
+            return abs(sig.disp_pos) <= self.config.disp_flat
+        return lt is not None and abs(lt.slope) <= self.config.flat_slope
 
 
 def detect_phases(

@@ -26,6 +26,7 @@ def synthetic_rows(
     decay_start: int = 60,
     decay_slope: float = 0.006,
     collapse_start: int = 120,
+    displacement: bool = False,
 ) -> list[dict[str, Any]]:
     """Metrics rows (as the trainer logs them) for one scenario.
 
@@ -37,6 +38,10 @@ def synthetic_rows(
       in the first step, 1.5 in all), entropy triples, grad norm x10, ratio max x8 and
       reward falls to 0 in 15 steps.
     `noise` scales every noise level (0 gives the exact piecewise-linear curves).
+    With `displacement`, the rows also carry the paper's displacement of the responses GRPO
+    pushes up: `lld/disp_pos` 0.25 (stagnation: 0.0) and `lld/frac_pos_fell` 0.15 while
+    healthy, -0.15 and 0.7 from `decay_start` (steady decay and collapse), -2.0 and 0.95 from
+    `collapse_start`.
     """
     if scenario not in SCENARIOS:
         raise ValueError(f"unknown scenario {scenario!r}; choose from {', '.join(SCENARIOS)}")
@@ -61,10 +66,24 @@ def synthetic_rows(
             logp = -0.45 - decay_slope * (collapse_start - decay_start) - drop
             entropy, grad, ratio, fell = 3 * entropy, 10 * grad, 8 * ratio, 0.9
             reward = max(0.0, reward * (1 - (k + 1) / 15))
+        disp, pos_fell = (0.0, 0.3) if scenario == "stagnation" else (0.25, 0.15)
+        if scenario in ("steady_decay", "collapse") and step > decay_start:
+            disp, pos_fell = -0.15, 0.7
+        if scenario == "collapse" and step >= collapse_start:
+            disp, pos_fell = -2.0, 0.95
         reward = min(1.0, max(0.0, reward + gauss(0.04)))
         logp += gauss(0.015)
+        extra = (
+            {
+                keys.DISP_POS: disp + gauss(0.1),
+                keys.FRAC_POS_FELL: min(1.0, max(0.0, pos_fell + gauss(0.1))),
+            }
+            if displacement
+            else {}
+        )
         rows.append(
             {
+                **extra,
                 "step": step,
                 keys.REWARD_MEAN: reward,
                 keys.REWARD_EM: reward,
