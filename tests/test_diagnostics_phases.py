@@ -320,7 +320,12 @@ def test_should_act_policies():
     assert "entropy_spike" not in stop.reason
     rb = should_act([decay, _alarm("collapse", step=80, since=80)], "rollback")
     assert rb.kind == "rollback" and rb.rollback_before_step == 55
-    assert {"likelihood_decay", "collapse", "reward_collapse"} == ACTIONABLE_KINDS
+    assert {
+        "displacement_decay",
+        "likelihood_decay",
+        "collapse",
+        "reward_collapse",
+    } == ACTIONABLE_KINDS
     with pytest.raises(ConfigError, match="on_alarm"):
         should_act([decay], "panic")
 
@@ -355,8 +360,10 @@ def test_noiseless_displacement_decay_hits_the_hand_computed_step():
     assert first(labels, "steady_decay") == FIRST_DISP_DECAY_LABEL
     assert labels[FIRST_DISP_DECAY_LABEL - 1].evidence["disp_pos"] == pytest.approx(-0.15)
     alarms = scan_alarms(rows)
-    decay = next(a for a in alarms if a.kind == "likelihood_decay")
+    assert "likelihood_decay" not in kinds(alarms)  # the displacement decides
+    decay = next(a for a in alarms if a.kind == "displacement_decay")
     assert decay.step == FIRST_DISP_DECAY_LABEL and decay.since_step == 71
+    assert decay.severity == "critical" and decay.actionable
     assert "responses GRPO pushes up" in decay.message and "steps 71-75" in decay.message
 
 

@@ -7,7 +7,10 @@ been quiet for a few steps) with messages that cite steps and numbers, and `shou
 alarms plus the `diagnostics.on_alarm` policy to one action.
 
 Which kinds can stop or roll back a run (`ACTIONABLE_KINDS`):
-    likelihood_decay, collapse, reward_collapse
+    displacement_decay, likelihood_decay, collapse, reward_collapse
+`displacement_decay` (critical) is the paper's early warning measured directly: the responses
+GRPO pushes up lose likelihood over the step's updates. `likelihood_decay` (warning) is the
+weaker reading of logs without the displacement (the rollout-time likelihood falling).
 Warning-only kinds (logged, never acted on alone, because they also occur in healthy runs):
     stagnation, entropy_spike, grad_norm_spike, ratio_spike, nonfinite
 Spikes that come together, or with a likelihood decay or a reward drop, are escalated by the
@@ -25,6 +28,7 @@ from llds.diagnostics.phases import PhaseConfig, PhaseLabel, PhaseTracker, Sampl
 from llds.diagnostics.robust import as_float, median
 
 AlarmKind = Literal[
+    "displacement_decay",
     "likelihood_decay",
     "collapse",
     "reward_collapse",
@@ -39,6 +43,7 @@ Policy = Literal["warn", "stop", "rollback"]
 ActionKind = Literal["none", "warn", "stop", "rollback"]
 
 SEVERITY: dict[str, Severity] = {
+    "displacement_decay": "critical",
     "likelihood_decay": "warning",
     "collapse": "critical",
     "reward_collapse": "critical",
@@ -49,7 +54,9 @@ SEVERITY: dict[str, Severity] = {
     "nonfinite": "warning",
 }
 ALARM_KINDS: tuple[str, ...] = tuple(SEVERITY)
-ACTIONABLE_KINDS: frozenset[str] = frozenset({"likelihood_decay", "collapse", "reward_collapse"})
+ACTIONABLE_KINDS: frozenset[str] = frozenset(
+    {"displacement_decay", "likelihood_decay", "collapse", "reward_collapse"}
+)
 POLICIES: tuple[str, ...] = ("warn", "stop", "rollback")
 
 SKIPPED_KEY = keys.SKIPPED_TOTAL
@@ -112,7 +119,7 @@ def should_act(alarms: Sequence[Alarm], policy: str) -> Action:
     """Map one step's alarms and the on_alarm policy to a single action.
 
     warn: always just warn. stop / rollback: act only if an actionable alarm is present
-    (likelihood_decay, collapse, reward_collapse); warning-only kinds just warn.
+    (`ACTIONABLE_KINDS`); warning-only kinds just warn.
     """
     if policy not in POLICIES:
         from llds.errors import ConfigError
@@ -165,8 +172,11 @@ class AlarmMonitor:
         ev = label.evidence
         step = label.step
         self._stagnant = self._stagnant + 1 if label.phase == "stagnation" else 0
+        decaying = ev["falling_streak"] >= self.config.phase.decay_steps
+        from_displacement = ev.get("disp_pos") is not None
         firing: dict[str, Any] = {
-            "likelihood_decay": ev["falling_streak"] >= self.config.phase.decay_steps,
+            "displacement_decay": decaying and from_displacement,
+            "likelihood_decay": decaying and not from_displacement,
             "collapse": label.phase == "collapse",
             "reward_collapse": bool(ev["reward_collapsed"]),
             "stagnation": self._stagnant >= self.config.stagnation_steps,
@@ -200,7 +210,7 @@ class AlarmMonitor:
 
     def _make(self, kind: str, step: int, ev: Mapping[str, Any], extra: Any) -> Alarm:
         evidence: dict[str, Any] = {"phase": self.label.phase if self.label else None}
-        if kind == "likelihood_decay":
+        if kind in ("likelihood_decay", "displacement_decay"):
             message = self._decay_message(step, evidence)
         elif kind == "collapse":
             evidence.update(signals=list(ev["signals"]), since_step=step)
