@@ -199,11 +199,12 @@ class TrainConfig:
         ):
             if limit is not None and limit < 1:
                 raise bad(key, f"must be >= 1 (null = every question), got {limit}")
-        if self.rollout.group_size < 2:
+        group = self.rollout.group_size
+        if group < 2:
             raise bad(
                 "rollout.group_size",
-                "GRPO needs >= 2 rollouts per question (advantages are relative to the group: "
-                f"with one, every advantage is 0 and nothing learns), got {self.rollout.group_size}",
+                f"must be >= 2, got {group}: GRPO's advantages are relative to the group of a "
+                "question's rollouts, so with one every advantage is 0 and nothing learns",
             )
         if self.algo.aggregation not in AGGREGATIONS:
             raise bad("algo.aggregation", f"must be one of {list(AGGREGATIONS)}")
