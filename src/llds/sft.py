@@ -188,8 +188,11 @@ def tiny_tokenizer(
 
 
 def _model_and_tokenizer(cfg: SFTConfig, corpus: str | None, template: Any, train: list[Any]):
+    from llds.train.setup import resolve_device
+
     if bool(cfg.tiny) == bool(cfg.model):
         raise UserInputError("give exactly one of tiny (--tiny) or model (--model PATH)")
+    device = str(resolve_device(cfg.device, "--device"))
     if cfg.tiny:
         from llds.models import tiny_causal_lm_for
 
@@ -212,14 +215,14 @@ def _model_and_tokenizer(cfg: SFTConfig, corpus: str | None, template: Any, trai
             num_kv_heads=max(1, cfg.heads // 2),
             seed=cfg.seed,
         )
-        return model.to(cfg.device), tok
+        return model.to(device), tok
     if cfg.model == "smollm2":
         from llds.models import load_smollm2
 
-        return load_smollm2(device=cfg.device)
+        return load_smollm2(device=device)
     from llds.models import load_policy
 
-    return load_policy(cfg.model, device=cfg.device)
+    return load_policy(cfg.model, device=device)
 
 
 def _relabeled_copies(cfg: SFTConfig) -> list[tuple[list[Any], Any]]:

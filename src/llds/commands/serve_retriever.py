@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 HELP = "Serve a corpus over the Search-R1 /retrieve HTTP API (BM25 built on the fly or an index)."
 
@@ -22,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--model", default=None, help="dense model directory")
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--port", type=int, default=8000, help="1-65535, bound before indexing")
     parser.add_argument("--topk", type=int, default=3, help="topk when a request omits it")
     parser.add_argument("--max-queries", type=int, default=512, help="queries per request")
     parser.add_argument("--max-query-chars", type=int, default=4096)
@@ -43,11 +44,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from llds.errors import UserInputError
-    from llds.retrieval.factory import build_retriever, corpus_passages, load_index
-    from llds.retrieval.service import create_app, serve
+    from llds.retrieval.service import MAX_PORT, bind_socket, serve
 
     if not 1 <= args.topk <= args.max_topk:
         raise UserInputError(f"--topk must be between 1 and --max-topk={args.max_topk}")
+    if not 1 <= args.port <= MAX_PORT:
+        raise UserInputError(f"--port must be between 1 and {MAX_PORT}, got {args.port}")
+    # bound before the (possibly long) indexing: a busy port fails at once, and "serving" is
+    # printed only once the address is ours
+    sock = bind_socket(args.host, args.port)
+    try:
+        app, documents = _app(args)
+        sock.listen(2048)  # connections wait in the backlog until uvicorn has started
+        print(
+            f"serving {documents} passages on http://{args.host}:{args.port}/retrieve",
+            file=sys.stderr,
+            flush=True,
+        )
+        serve(app, host=args.host, port=args.port, log_level=args.log_level, sock=sock)
+    finally:
+        sock.close()
+    return 0
+
+
+def _app(args: argparse.Namespace) -> tuple[Any, int]:
+    """The service app over the index or corpus the flags name, and its passage count."""
+    from llds.retrieval.factory import build_retriever, corpus_passages, load_index
+    from llds.retrieval.service import create_app
+
     if args.index:
         retriever = load_index(args.index, model_dir=args.model)
     else:
@@ -64,10 +88,4 @@ def run(args: argparse.Namespace) -> int:
         max_batch_queries=args.max_batch_queries,
         batch_wait_ms=args.batch_wait_ms,
     )
-    print(
-        f"serving {len(retriever)} passages on http://{args.host}:{args.port}/retrieve",
-        file=sys.stderr,
-        flush=True,
-    )
-    serve(app, host=args.host, port=args.port, log_level=args.log_level)
-    return 0
+    return app, len(retriever)

@@ -304,7 +304,8 @@ def load_trivia_lists(names: Sequence[str] | None = None) -> list[QAExample]:
 def load_examples(path_or_spec: str | Path, *, limit: int | None = None) -> list[QAExample]:
     """Load one dataset: a .parquet / .jsonl / .json file, or `trivia:list1,list2`.
 
-    `trivia:` alone loads every trivia list.
+    `trivia:` alone loads every trivia list. A dataset without a single question is an error
+    (training on it cannot start, and evaluating it would report scores over n=0).
     """
     spec = str(path_or_spec)
     if spec.startswith("trivia:"):
@@ -324,9 +325,12 @@ def load_examples(path_or_spec: str | Path, *, limit: int | None = None) -> list
                 f"cannot tell the format of {spec!r}: use a .parquet, .jsonl or "
                 ".json file, or trivia:<list,...>"
             )
+    if not examples:
+        what = "no questions in these lists" if spec.startswith("trivia:") else "an empty file"
+        raise DataFormatError(f"{spec}: no questions to load ({what})")
     if limit is not None:
-        if limit < 0:
-            raise UserInputError(f"limit must be >= 0, got {limit}")
+        if limit < 1:
+            raise UserInputError(f"limit must be >= 1 (none = every question), got {limit}")
         examples = examples[:limit]
     return examples
 

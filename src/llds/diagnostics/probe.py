@@ -270,7 +270,7 @@ def probe_model(
     from llds.train.setup import load_model
 
     proto = protocol or Protocol.read(cfg.model) or Protocol()
-    model, tok = load_model(ModelConfig(path=cfg.model, device=cfg.device))
+    model, tok = load_model(ModelConfig(path=cfg.model, device=cfg.device), device_key="--device")
     rollout = RolloutConfig(
         **proto.rollout_limits(), group_size=cfg.group_size, temperature=cfg.temperature
     )

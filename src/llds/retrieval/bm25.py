@@ -91,6 +91,11 @@ class BM25Retriever:
                 chunk = contents[start : start + _TOKENIZE_CHUNK]
                 tokens.extend(tokenize(chunk, stemmer))
                 bar.advance(task, len(chunk))
+            if not any(tokens):  # bm25s cannot index a corpus without a single term
+                raise UserInputError(
+                    f"cannot build a BM25 index: none of the {len(contents)} passages has a "
+                    "searchable word (all are empty or stopwords)"
+                )
             index_task = bar.add_task("BM25: indexing", total=1)
             model = bm25s.BM25(k1=k1, b=b, method="lucene")
             model.index(tokens, show_progress=False)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -18,6 +19,8 @@ from llds.io import write_jsonl
 
 SEARCH_R1 = "search-r1"
 PLAIN = "plain"
+
+log = logging.getLogger(__name__)
 
 
 class Passage(NamedTuple):
@@ -90,14 +93,13 @@ def parse_row(row: object, fmt: str | None, index: int, where: str) -> tuple[Pas
     return Passage(pid, make_contents(title, text)), fmt
 
 
-def read_corpus(path: str | os.PathLike[str]) -> Iterator[Passage]:
-    """Yield the passages of a corpus jsonl (optionally .gz) file, validating every row.
+def is_empty_passage(contents: str) -> bool:
+    """No letter or digit anywhere (title included): no query can ever retrieve it."""
+    return not any(ch.isalnum() for ch in contents)
 
-    Rows without an `id` get their 0-based row number. Blank lines are skipped.
-    """
-    file = Path(path)
-    if not file.is_file():
-        raise UserInputError(f"corpus file not found: {file}")
+
+def _numbered_passages(file: Path) -> Iterator[tuple[int, Passage]]:
+    """(line number, passage) for every non-blank line of a corpus file, each row validated."""
     fmt: str | None = None
     index = 0
     with _open_text(file) as handle:
@@ -111,7 +113,51 @@ def read_corpus(path: str | os.PathLike[str]) -> Iterator[Passage]:
                 raise DataFormatError(f"{where}: invalid JSON ({exc.msg})") from None
             passage, fmt = parse_row(row, fmt, index, where)
             index += 1
-            yield passage
+            yield line_no, passage
+
+
+def _duplicate_id(file: Path, pid: str, line_no: int) -> DataFormatError:
+    """The error for a repeated id, naming both lines (the file is read again to find the
+    first one: only ids are kept while reading, not their lines)."""
+    first = next(n for n, p in _numbered_passages(file) if p.id == pid)
+    return DataFormatError(
+        f"{file}: lines {first} and {line_no} have the same passage id {pid!r}; "
+        "ids must be unique (search results are returned by id)"
+    )
+
+
+def read_corpus(path: str | os.PathLike[str]) -> Iterator[Passage]:
+    """Yield the passages of a corpus jsonl (optionally .gz) file, validating every row.
+
+    Rows without an `id` get their 0-based row number. Blank lines are skipped. Ids must be
+    unique. Passages with no letter or digit are logged as a warning with their count (no
+    search finds them); a file with no passage, or with nothing but empty ones, is an error.
+    The file-level checks run once the last row has been read.
+    """
+    file = Path(path)
+    if not file.is_file():
+        raise UserInputError(f"corpus file not found: {file}")
+    seen: set[str] = set()
+    empty = 0
+    for line_no, passage in _numbered_passages(file):
+        if passage.id in seen:
+            raise _duplicate_id(file, passage.id, line_no)
+        seen.add(passage.id)
+        empty += is_empty_passage(passage.contents)
+        yield passage
+    if not seen:
+        raise DataFormatError(f"{file}: no passages (the corpus file is empty)")
+    if empty == len(seen):
+        raise DataFormatError(
+            f"{file}: all {empty} passages are empty (no letter or digit): nothing to search"
+        )
+    if empty:
+        log.warning(
+            "%s: %d of %d passages are empty (no letter or digit); no search will find them",
+            file,
+            empty,
+            len(seen),
+        )
 
 
 def write_corpus(path: str | os.PathLike[str], passages: Iterable[tuple[str, str]]) -> int:

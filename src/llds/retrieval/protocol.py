@@ -62,12 +62,23 @@ def _type_name(value: Any) -> str:
     return "null" if value is None else type(value).__name__
 
 
+def _decode(raw: bytes) -> Any:
+    """The JSON value of a body. Whatever the parser rejects is the client's error (400): bad
+    syntax or encoding, integers past Python's digit limit (ValueError), and nesting deeper
+    than the parser's recursion limit (RecursionError), which would otherwise be a 500."""
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise RequestError(
+            400, "invalid_json", "request body is nested too deeply to be a retrieve request"
+        ) from None
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors too
+        raise RequestError(400, "invalid_json", f"request body is not valid JSON: {exc}") from None
+
+
 def parse_request(raw: bytes, default_topk: int, limits: Limits) -> RetrieveRequest:
     """Decode and validate one request body; raises RequestError on any problem."""
-    try:
-        payload = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise RequestError(400, "invalid_json", f"request body is not valid JSON: {exc}") from None
+    payload = _decode(raw)
     if not isinstance(payload, dict):
         raise RequestError(400, "invalid_json", "request body must be a JSON object")
 

@@ -3,13 +3,16 @@
 Compared with the reference server: `return_scores=false` works, every bad request gets a 4xx JSON
 `{"error", "detail", "field"}` instead of a 500 or a crash, requests are bounded (queries per
 request, query length, topk, body size), concurrent requests share one backend call (see
-`batcher.py`) and SIGINT/SIGTERM drain in-flight requests before exiting.
+`batcher.py`) and SIGINT/SIGTERM drain in-flight requests before exiting. The listening socket
+is bound before the service says where it serves (`bind_socket`), so a busy port is one error.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
+import socket
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -19,6 +22,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from llds.errors import UserInputError
 from llds.retrieval.base import Retriever
 from llds.retrieval.batcher import MicroBatcher
 from llds.retrieval.protocol import Limits, RequestError, encode_hits, parse_request
@@ -136,6 +140,38 @@ def create_app(
     return app
 
 
+MAX_PORT = 65535
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to `host:port` (not yet listening; `serve` listens on it).
+
+    Binding first lets the caller announce the address only once it is really its own; a bad
+    port, an unknown host or a port already in use is a UserInputError naming them.
+    """
+    if not 1 <= port <= MAX_PORT:
+        raise UserInputError(f"port must be between 1 and {MAX_PORT}, got {port}")
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise UserInputError(f"host {host!r}: cannot resolve it ({exc.strerror})") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    # as uvicorn does: a restarted server may take over a port whose old connections linger
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise UserInputError(
+                f"port {port} on {host} is already in use (another server?); stop it or choose "
+                "another port"
+            ) from None
+        raise UserInputError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    return sock
+
+
 def serve(
     app: FastAPI,
     *,
@@ -143,8 +179,12 @@ def serve(
     port: int = 8000,
     log_level: str = "info",
     graceful_timeout_s: float = 30.0,
+    sock: socket.socket | None = None,
 ) -> None:
-    """Run `app` with uvicorn until SIGINT/SIGTERM; in-flight requests finish first."""
+    """Run `app` with uvicorn until SIGINT/SIGTERM; in-flight requests finish first.
+
+    `sock` (from `bind_socket`) is served instead of binding `host:port` here.
+    """
     import gc
 
     import uvicorn
@@ -162,4 +202,4 @@ def serve(
         timeout_graceful_shutdown=int(graceful_timeout_s),
         lifespan="on",
     )
-    uvicorn.Server(config).run()
+    uvicorn.Server(config).run(sockets=None if sock is None else [sock])

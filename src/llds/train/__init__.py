@@ -18,8 +18,11 @@ def run(cfg: TrainConfig, *, resume: bool = True) -> Path:
     returns the run directory."""
     import torch
 
+    from llds.train.tracking import check_trackers
     from llds.train.trainer import GRPOTrainer
 
+    # a missing tracker package fails here, not after the model and data have been loaded
+    check_trackers(tensorboard=cfg.logging.tensorboard, wandb=cfg.logging.wandb)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     GRPOTrainer(cfg, resume=resume).train()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -183,6 +185,9 @@ class TrainConfig:
         def bad(key: str, why: str) -> ConfigError:
             return ConfigError(f"{key}: {why}")
 
+        for key, val in _floats(self):  # nan compares false with every bound below
+            if not math.isfinite(val):
+                raise bad(key, f"must be a finite number, got {val}")
         if not self.model.path:
             raise bad("model.path", "required (an HF model directory, hub id, or smollm2)")
         if not self.data.train:
@@ -199,6 +204,19 @@ class TrainConfig:
         ):
             if val < 1:
                 raise bad(key, f"must be >= 1, got {val}")
+        for key, limit in (
+            ("data.train_limit", self.data.train_limit),
+            ("data.eval_limit", self.data.eval_limit),
+        ):
+            if limit is not None and limit < 1:
+                raise bad(key, f"must be >= 1 (null = every question), got {limit}")
+        group = self.rollout.group_size
+        if group < 2:
+            raise bad(
+                "rollout.group_size",
+                f"must be >= 2, got {group}: GRPO's advantages are relative to the group of a "
+                "question's rollouts, so with one every advantage is 0 and nothing learns",
+            )
         if self.algo.aggregation not in AGGREGATIONS:
             raise bad("algo.aggregation", f"must be one of {list(AGGREGATIONS)}")
         if self.algo.llds.gate not in GATES:
@@ -258,6 +276,18 @@ class TrainConfig:
         if self.optim.warmup_ratio is not None:
             return round(self.optim.warmup_ratio * self.steps)
         return self.optim.warmup_steps
+
+
+def _floats(obj: object, prefix: str = "") -> Iterator[tuple[str, float]]:
+    """Every float in a config tree with its dotted key (tuple items as `key[i]`)."""
+    for f in dataclasses.fields(obj):  # type: ignore[arg-type]
+        key, val = f"{prefix}{f.name}", getattr(obj, f.name)
+        if dataclasses.is_dataclass(val):
+            yield from _floats(val, f"{key}.")
+        elif isinstance(val, float):
+            yield key, val
+        elif isinstance(val, list | tuple):
+            yield from ((f"{key}[{i}]", v) for i, v in enumerate(val) if isinstance(v, float))
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:

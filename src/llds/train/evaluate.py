@@ -138,7 +138,9 @@ def run_evaluation(cfg: EvalConfig, protocol: Protocol | None = None) -> EvalRes
     from llds.train.setup import load_model
 
     proto = protocol or Protocol.read(cfg.model) or Protocol()
-    model, tok = load_model(ModelConfig(path=cfg.model, dtype=cfg.dtype, device=cfg.device))
+    model, tok = load_model(
+        ModelConfig(path=cfg.model, dtype=cfg.dtype, device=cfg.device), device_key="--device"
+    )
     examples = load_many(cfg.data, limit=cfg.limit)
     rollout = RolloutConfig(**proto.rollout_limits(), max_rows=cfg.batch_rows, temperature=0.0)
     template = proto.template()

@@ -10,27 +10,54 @@ from typing import Any
 import torch
 
 from llds.data.example import QAExample
+from llds.errors import ConfigError, UserInputError
 from llds.train.config import ModelConfig
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str, key: str = "model.device") -> torch.device:
+    """The torch device `name` names (`auto`: CUDA when available, else CPU).
+
+    A device this torch build or machine cannot use is a ConfigError naming `key`, raised
+    before any weights are loaded, instead of an assertion deep inside torch.
+    """
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise ConfigError(f"{key}: {name!r} is not a device (cpu, cuda, cuda:N, auto)") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(
+                f"{key}: {name!r} needs CUDA, but torch.cuda.is_available() is false (a CPU "
+                "build of torch, or no GPU visible); use cpu or auto"
+            )
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ConfigError(
+                f"{key}: {name!r} does not exist ({torch.cuda.device_count()} GPUs visible)"
+            )
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"{key}: {name!r} is not available on this machine; use cpu or auto")
+    return device
 
 
 def load_model(
-    cfg: ModelConfig, path: str | None = None, *, dtype: str | None = None
+    cfg: ModelConfig,
+    path: str | None = None,
+    *,
+    dtype: str | None = None,
+    device_key: str = "model.device",
 ) -> tuple[Any, Any]:
     """(model, tokenizer) from `path` (a checkpoint) or the configured model.
 
     `dtype` overrides `cfg.dtype` as the storage dtype: training loads float32 master weights
     whatever the compute dtype (see `llds.train.precision`); evaluation may load bf16 directly.
+    `device_key` is what an unusable device is called in the error (the caller's key or flag).
     """
     from llds.models.hf import load_policy
 
     source = path or cfg.path
-    device = str(resolve_device(cfg.device))
+    device = str(resolve_device(cfg.device, device_key))
     storage = dtype or cfg.dtype
     if source == "smollm2":
         from llds.models.smollm2 import load_smollm2
@@ -65,7 +92,7 @@ class PromptStream:
 
     def __init__(self, examples: Sequence[QAExample], seed: int) -> None:
         if not examples:
-            raise ValueError("no training examples")
+            raise UserInputError("data.train: no training examples")
         self.examples = list(examples)
         self.seed = seed
         self._epoch = -1

@@ -2,15 +2,35 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
 from pathlib import Path
 from typing import Any
 
+from llds.errors import ConfigError
 from llds.io import atomic_write
 
 METRICS_FILE = "metrics.jsonl"
+
+
+def check_trackers(*, tensorboard: bool, wandb: bool) -> None:
+    """Import the trackers a run asks for, so that a missing package stops it before anything
+    is written (a ConfigError naming the key and the install command)."""
+    if tensorboard:
+        _require("torch.utils.tensorboard", "logging.tensorboard", "tensorboard", "tensorboard")
+    if wandb:
+        _require("wandb", "logging.wandb", "wandb", "'llds[wandb]'")
+
+
+def _require(module: str, key: str, package: str, install: str) -> None:
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        raise ConfigError(
+            f"{key}=true needs the {package} package: pip install {install} (or set {key}=false)"
+        ) from None
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
@@ -50,6 +70,7 @@ class MetricsLogger:
         resume_step: int | None = None,
         config: dict[str, Any] | None = None,
     ) -> None:
+        check_trackers(tensorboard=tensorboard, wandb=wandb)  # before the log is rewritten
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / METRICS_FILE
