@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine
 from llds import metrics as keys
 from llds.diagnostics.alarms import scan_alarms
-from llds.train.background import start_run
+from llds.train.background import run_queue
 from llds.train.config import TrainConfig, load_config
 from llds.train.eval_result import EvalResult, eval_file
 from llds.train.tracking import read_metrics
@@ -75,23 +75,13 @@ def finished(cfg: TrainConfig) -> bool:
 
 def run_all(demo: Path, out: Path, arms: Sequence[str], seeds: Sequence[int], parallel: int):
     """Every unfinished (arm, seed) in its own process, `parallel` at a time."""
-    jobs = [(arm, s) for s in seeds for arm in arms]
-    jobs = [(a, s) for a, s in jobs if not finished(arm_config(demo, out, a, s))]
-    running: list[tuple[Any, Path]] = []
-    while jobs or running:
-        while jobs and len(running) < parallel:
-            arm, seed = jobs.pop(0)
-            cfg = arm_config(demo, out, arm, seed)
-            log = Path(cfg.run_dir) / f"train-{int(time.time())}.log"
-            print(f"start {arm} seed {seed} -> {cfg.run_dir}", flush=True)
-            running.append((start_run(cfg, log), log))
-        time.sleep(5)
-        for proc, log in list(running):
-            if not proc.is_alive():
-                proc.join()
-                running.remove((proc, log))
-                if proc.exitcode:
-                    raise SystemExit(f"a run failed (exit {proc.exitcode}); see {log}")
+    configs = [arm_config(demo, out, arm, s) for s in seeds for arm in arms]
+    stamp = int(time.time())
+    run_queue(
+        [(c, Path(c.run_dir) / f"train-{stamp}.log") for c in configs if not finished(c)],
+        parallel,
+        poll_s=5.0,
+    )
 
 
 def _median_window(values: Sequence[float | None], end: int, width: int) -> float | None:

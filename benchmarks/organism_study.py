@@ -23,7 +23,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine
 from llds.diagnostics.alarms import scan_alarms
 from llds.diagnostics.plots import moving_average
-from llds.train.background import start_run
+from llds.train.background import run_queue
 from llds.train.config import TrainConfig, load_config
 from llds.train.eval_result import EvalResult, eval_file
 from llds.train.tracking import read_metrics
@@ -80,22 +79,12 @@ def run_all(
     demo: Path, out: Path, arms: Sequence[str], seeds: Sequence[int], parallel: int
 ) -> None:
     """Every (arm, seed) as its own training process, `parallel` at a time, 1 thread each."""
-    jobs = [(arm, s) for s in seeds for arm in arms]
-    running: list[tuple[Any, Path]] = []
-    while jobs or running:
-        while jobs and len(running) < parallel:
-            arm, seed = jobs.pop(0)
-            target = run_dir(out, arm, seed)
-            print(f"start {arm} seed {seed} -> {target}", flush=True)
-            proc = start_run(arm_config(demo, out, arm, seed), target / "train.log")
-            running.append((proc, target / "train.log"))
-        time.sleep(2)
-        for proc, log in list(running):
-            if not proc.is_alive():
-                proc.join()
-                running.remove((proc, log))
-                if proc.exitcode:
-                    raise SystemExit(f"a run failed (exit {proc.exitcode}); see {log}")
+    jobs = [
+        (arm_config(demo, out, arm, s), run_dir(out, arm, s) / "train.log")
+        for s in seeds
+        for arm in arms
+    ]
+    run_queue(jobs, parallel)
 
 
 def summarize_run(path: Path) -> dict[str, Any]:

@@ -370,17 +370,20 @@ def test_context_capped_rollouts_are_counted(
 
 @pytest.mark.slow
 def test_background_runs_are_library_calls(tmp_path, small_world, world_tokenizer):
-    """`start_run`: two runs side by side in spawned processes equal the same run in this one."""
-    from llds.train.background import start_run
+    """`run_queue` / `start_run`: two runs side by side in spawned processes equal the same run
+    in this one; a run that fails stops the queue with an error naming its log."""
+    from llds.errors import UserInputError
+    from llds.train.background import run_queue
 
     cfg_path = write_run_inputs(tmp_path, small_world, world_tokenizer, steps=2, save_every=2)
-    procs = [
-        start_run(load_config(cfg_path, [f"run_dir={tmp_path / name}"]), tmp_path / f"{name}.log")
+    jobs = [
+        (load_config(cfg_path, [f"run_dir={tmp_path / name}"]), tmp_path / f"{name}.log")
         for name in ("a", "b")
     ]
-    for p in procs:
-        p.join(timeout=300)
-        assert p.exitcode == 0, (tmp_path / f"{p.name}.log").read_text()[-2000:]
+    run_queue(jobs, parallel=2, poll_s=0.2)
+    broken = load_config(cfg_path, [f"run_dir={tmp_path / 'x'}", "model.path=/no/such/model"])
+    with pytest.raises(UserInputError, match=r"exit code \d+\); see .*x\.log"):
+        run_queue([(broken, tmp_path / "x.log")], parallel=1, poll_s=0.2)
     here = GRPOTrainer(load_config(cfg_path, [f"run_dir={tmp_path / 'here'}"]), resume=False)
     rows = here.train()
     for name in ("a", "b"):

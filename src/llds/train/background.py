@@ -11,6 +11,8 @@ import contextlib
 import logging
 import multiprocessing
 import os
+import time
+from collections.abc import Sequence
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
@@ -42,3 +44,26 @@ def start_run(cfg: TrainConfig, log_path: str | Path) -> BaseProcess:
     )
     proc.start()
     return proc
+
+
+def run_queue(
+    jobs: Sequence[tuple[TrainConfig, str | Path]], parallel: int, *, poll_s: float = 2.0
+) -> None:
+    """Run every `(config, log file)` through `start_run`, at most `parallel` at a time, until
+    all have finished; a run that fails stops the queue with an error naming its log."""
+    from llds.errors import UserInputError
+
+    pending = list(jobs)
+    running: list[tuple[BaseProcess, Path]] = []
+    while pending or running:
+        while pending and len(running) < max(1, parallel):
+            cfg, log = pending.pop(0)
+            print(f"start {cfg.run_dir} (log: {log})", flush=True)
+            running.append((start_run(cfg, log), Path(log)))
+        time.sleep(poll_s)
+        for proc, log in list(running):
+            if not proc.is_alive():
+                proc.join()
+                running.remove((proc, log))
+                if proc.exitcode:
+                    raise UserInputError(f"a run failed (exit code {proc.exitcode}); see {log}")
