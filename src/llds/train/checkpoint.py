@@ -17,6 +17,7 @@ import torch
 
 from llds.env.protocol import Protocol
 from llds.io import atomic_write
+from llds.train.lora import is_lora, save_lora
 
 LATEST = "latest"
 
@@ -69,7 +70,10 @@ def write_checkpoint_files(
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # one progress line per checkpoint is noise in the run log
-    model.save_pretrained(tmp / "model", safe_serialization=True, state_dict=state_dict)
+    if is_lora(model):  # the adapter, and the merged weights as a plain model
+        save_lora(model, tmp)
+    else:
+        model.save_pretrained(tmp / "model", safe_serialization=True, state_dict=state_dict)
     tokenizer.save_pretrained(tmp / "model")
     if protocol is not None:
         protocol.write(tmp / "model")

@@ -17,6 +17,33 @@ from llds.rollout.config import RolloutConfig
 
 
 @dataclass
+class LoRAConfig:
+    """Low-rank adapters (peft's LoRA) instead of full fine-tuning: only the adapters train.
+
+    The KL reference is the same model with its adapters switched off (no second copy of the
+    weights); checkpoints hold the adapter (`adapter/`) and the merged weights (`model/`, what
+    `llds eval` loads)."""
+
+    r: int = 16
+    """rank of each adapter"""
+    alpha: float = 32.0
+    """scale numerator: the update is (alpha / r) * B @ A"""
+    dropout: float = 0.0
+    target_modules: list[str] = field(
+        default_factory=lambda: [
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "o_proj",
+            "gate_proj",
+            "up_proj",
+            "down_proj",
+        ]
+    )
+    """module names that get adapters (these fit Llama/Qwen2/SmolLM2 blocks)"""
+
+
+@dataclass
 class ModelConfig:
     path: str = ""
     """HF model directory or hub id (resolved from the local cache), or `smollm2` (the packaged
@@ -29,6 +56,8 @@ class ModelConfig:
     chat: bool | None = None
     """apply the tokenizer's chat template to prompts; null = when it has one"""
     gradient_checkpointing: bool = False
+    lora: LoRAConfig | None = None
+    """train low-rank adapters (needs `pip install peft`); null = full fine-tuning"""
 
 
 @dataclass
@@ -188,6 +217,18 @@ class TrainConfig:
         for key, val in _floats(self):  # nan compares false with every bound below
             if not math.isfinite(val):
                 raise bad(key, f"must be a finite number, got {val}")
+        lora = self.model.lora
+        if lora is not None:
+            if lora.r < 1:
+                raise bad("model.lora.r", f"must be >= 1, got {lora.r}")
+            if lora.alpha <= 0:
+                raise bad("model.lora.alpha", f"must be > 0, got {lora.alpha}")
+            if not 0 <= lora.dropout < 1:
+                raise bad("model.lora.dropout", f"must be in [0, 1), got {lora.dropout}")
+            if not lora.target_modules:
+                raise bad("model.lora.target_modules", "name at least one module")
+            if self.fsdp.enabled:
+                raise bad("model.lora", "LoRA with fsdp.enabled is not supported; use one")
         if not self.model.path:
             raise bad("model.path", "required (an HF model directory, hub id, or smollm2)")
         if not self.data.train:

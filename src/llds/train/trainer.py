@@ -59,6 +59,7 @@ from llds.train.forward import (
     pooled_response_hidden,
     response_log_probs,
 )
+from llds.train.lora import ADAPTER_DIR, WithoutAdapters, attach_lora, load_adapter
 from llds.train.lr_schedule import lr_factor
 from llds.train.periodic_eval import PeriodicEvaluator, eval_rollout_config, is_due
 from llds.train.precision import Precision, compute_dtype_of, update_ratio
@@ -113,10 +114,21 @@ class GRPOTrainer:
             model.to(self.dist.device)
         device_type = next(model.parameters()).device.type
         self.precision = Precision(compute_dtype_of(cfg.model.dtype, cfg.model.path), device_type)
-        self.ref_model = (
-            frozen_copy(model, self.precision.compute_dtype) if cfg.algo.kl_coef > 0 else None
+        lora = cfg.model.lora
+        self.ref_model: Any = (
+            frozen_copy(model, self.precision.compute_dtype)
+            if cfg.algo.kl_coef > 0 and lora is None
+            else None
         )
-        if ckpt is not None:
+        if lora is not None:  # adapters on the initial weights: fresh, or the checkpoint's
+            model = (
+                attach_lora(model, lora)
+                if ckpt is None
+                else load_adapter(model, ckpt / ADAPTER_DIR)
+            )
+            if cfg.algo.kl_coef > 0:  # the reference is the initial model: adapters off
+                self.ref_model = WithoutAdapters(model)
+        elif ckpt is not None:
             model, tokenizer = load_model(cfg.model, path=str(ckpt / "model"), dtype="float32")
             _to_float32(model)
             model.to(device_type if not self.dist.enabled else self.dist.device)
