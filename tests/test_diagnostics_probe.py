@@ -12,7 +12,14 @@ import torch
 from conftest import make_tiny_model, tag_happy
 from llds.algo import group_advantages, policy_loss
 from llds.data.example import QAExample
-from llds.diagnostics.probe import probe_group, probe_metrics, run_probe, summarize
+from llds.diagnostics.probe import (
+    ProbeResult,
+    drag_to_pull,
+    probe_group,
+    probe_metrics,
+    run_probe,
+    summarize,
+)
 from llds.env.prompts import build_prompt_ids
 from llds.rollout import RolloutConfig, RolloutEngine, RolloutRequest
 from llds.train.forward import response_log_probs
@@ -50,7 +57,7 @@ def test_probe_matches_first_order_prediction_and_restores_weights(
     assert 0 < int((batch.rewards > 0).sum()) < len(batch)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     lr = 1e-3
-    old, new, first_order = probe_group(model, batch, lr=lr, optimizer="sgd")
+    old, new, first_order, drag = probe_group(model, batch, lr=lr, optimizer="sgd")
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k]), k
 
@@ -71,6 +78,36 @@ def test_probe_matches_first_order_prediction_and_restores_weights(
         assert abs(measured - predicted) <= 0.15 * abs(predicted) + 1e-5, (i, measured, predicted)
         # the probe's own first-order quantity is the same inner product, per unit step
         assert lr * float(first_order[i]) == pytest.approx(predicted, rel=1e-4, abs=1e-9), i
+        # Eq. 3's two sums: the drag of the A < 0 responses and the pull of the A > 0 ones,
+        # each from its own loss; they add up to the whole (the loss is linear in A at ratio 1)
+        drag_i = _inner(g_i, _loss_grad(model, batch, params, adv.clamp(max=0)))
+        pull_i = _inner(g_i, _loss_grad(model, batch, params, adv.clamp(min=0)))
+        assert float(drag[i]) == pytest.approx(drag_i, rel=1e-4, abs=1e-7), i
+        assert float(first_order[i]) == pytest.approx(pull_i + drag_i, rel=1e-4, abs=1e-7), i
+
+
+def _loss_grad(model, batch, params, adv):
+    """-grad of the plain GRPO loss with the given advantages (pi_old = pi)."""
+    lp, _ = response_log_probs(model, batch)
+    loss, _ = policy_loss(lp, lp.detach(), adv, batch.loss_mask)
+    return [-g for g in torch.autograd.grad(loss, params)]
+
+
+def _inner(a, b) -> float:
+    return sum(float((x * y).sum()) for x, y in zip(a, b, strict=True))
+
+
+def test_drag_to_pull_by_hand() -> None:
+    def r(total: float, drag: float) -> ProbeResult:
+        return ProbeResult("q", "q?", 1, 1, 0.0, 0.0, 0.0, 0.0, total, 0.0, drag)
+
+    assert drag_to_pull(r(total=3.0, drag=-1.0)) == pytest.approx(0.25)  # pull 4, drag 1
+    assert drag_to_pull(r(total=-1.0, drag=-3.0)) == pytest.approx(1.5)  # pull 2, drag 3: LLD
+    assert drag_to_pull(r(total=2.0, drag=0.5)) == pytest.approx(-1 / 3)  # negatives push up
+    assert drag_to_pull(r(total=-1.0, drag=-1.0)) == math.inf  # no pull at all
+    s = summarize([r(3.0, -1.0), r(-1.0, -3.0), r(2.0, 0.5)])
+    assert s["median_drag_to_pull"] == pytest.approx(0.25)
+    assert s["mean_first_order_correct_drag"] == pytest.approx((-1.0 - 3.0 + 0.5) / 3)
 
 
 def test_run_probe_reports_mixed_groups_only(small_world, world_tokenizer, world_retriever):
@@ -96,4 +133,6 @@ def test_run_probe_reports_mixed_groups_only(small_world, world_tokenizer, world
     assert s["first_order_lld_share"] == float(r.first_order_correct < 0)
     m = probe_metrics(results)
     assert m["probe/questions"] == 1.0 and m["probe/first_order_correct"] == r.first_order_correct
+    assert m["probe/first_order_drag"] == r.first_order_correct_drag
+    assert m["probe/drag_to_pull"] == drag_to_pull(r)
     assert math.isnan(probe_metrics([])["probe/lld_share"])

@@ -32,7 +32,9 @@ def run(args: argparse.Namespace) -> int:
     if results:
         print(
             f"probed {summary['probed']} questions with mixed groups; "
-            f"LLD (correct likelihood fell) in {summary['lld_share']:.0%} of them"
+            f"LLD (correct likelihood fell) in {summary['lld_share']:.0%} of them; to first "
+            f"order in {summary['first_order_lld_share']:.0%} (median drag of the wrong "
+            f"responses / pull of the right ones: {summary['median_drag_to_pull']:.2f})"
         )
     else:
         print("no question had both correct and incorrect rollouts: nothing to probe")

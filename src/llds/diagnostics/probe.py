@@ -4,7 +4,10 @@ For each question whose sampled group has both correct and incorrect rollouts, f
 weights:
 - the first-order change of each response's log-likelihood along the GRPO update direction,
   `<grad log pi(y_i), -grad L>` with `L` the group's GRPO loss: its sign is the sign of the
-  change a small plain-SGD step causes, and it needs no step size;
+  change a small plain-SGD step causes, and it needs no step size. At pi_old = pi the loss is
+  linear in the advantages, so the change splits exactly into the pull of the responses with
+  advantage > 0 and the drag of those with advantage < 0 (Eq. 3's two sums): LLD is a drag
+  larger than the pull;
 - ONE such update (plain SGD by default, as in Eq. 3; Adam on request) on that group alone, and
   the measured change of the log-likelihood of its responses.
 GRPO asks the correct responses' likelihood to rise; a change below zero is Lazy Likelihood
@@ -15,6 +18,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
@@ -47,21 +52,39 @@ class ProbeResult:
     first_order_correct: float
     """mean over correct responses of <grad log pi(y), -grad L> (per unit SGD step)"""
     first_order_incorrect: float
+    first_order_correct_drag: float = 0.0
+    """the part of `first_order_correct` that the advantage < 0 responses contribute (<= 0 when
+    they drag the correct ones down); the rest is the pull of the advantage > 0 responses"""
+
+
+class FirstOrder(NamedTuple):
+    """Each response's first-order log-likelihood change per unit SGD step `[B]`, and the part
+    of it that the responses with advantage < 0 contribute `[B]` (total minus drag = pull)."""
+
+    total: torch.Tensor
+    drag: torch.Tensor
 
 
 class GroupProbe(NamedTuple):
     """One group's probe: log-probs before and after the update `[B, R]`, and each response's
-    first-order log-likelihood change per unit SGD step `[B]`."""
+    first-order log-likelihood change per unit SGD step `[B]` with its drag part `[B]`."""
 
     old: torch.Tensor
     new: torch.Tensor
     first_order: torch.Tensor
+    drag: torch.Tensor
 
 
-def first_order_displacement(model, batch, objective: Objective) -> torch.Tensor:
-    """`[B]`: `<grad log pi(y_i), -grad L>` at the current weights for every response i, with
-    `L` the GRPO loss of `batch` (pi_old = the current policy, ratio 1). A plain-SGD step of size
-    lr changes `log pi(y_i)` by `lr` times this, to first order (the paper's Eq. 3)."""
+def _dot(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> float:
+    return sum(float((x.float() * y.float()).sum()) for x, y in zip(a, b, strict=True))
+
+
+def first_order_displacement(model, batch, objective: Objective) -> FirstOrder:
+    """`<grad log pi(y_i), -grad L>` at the current weights for every response i, with `L` the
+    GRPO loss of `batch` (pi_old = the current policy, ratio 1), and the same inner product with
+    the loss of the advantage < 0 responses alone. A plain-SGD step of size lr changes
+    `log pi(y_i)` by `lr` times the total, to first order (the paper's Eq. 3). At ratio 1 no clip
+    is active and the loss is linear in the advantages, so total = pull + drag exactly."""
     params = [p for p in model.parameters() if p.requires_grad]
     model.eval()  # no dropout: the gradients of the weights as they are
     lp, _ = response_log_probs(model, batch)
@@ -69,15 +92,16 @@ def first_order_displacement(model, batch, objective: Objective) -> torch.Tensor
     adv = group_advantages(batch.rewards, batch.group_ids).to(lp.device)
     loss, _ = grpo_objective(lp, lp.detach(), adv, mask, objective)
     descent = [-g for g in torch.autograd.grad(loss, params, retain_graph=True)]
-    out = torch.zeros(len(batch))
+    # the same normalization (mask unchanged), advantages > 0 zeroed: the negatives' part
+    loss_neg, _ = grpo_objective(lp, lp.detach(), adv.clamp(max=0.0), mask, objective)
+    descent_neg = [-g for g in torch.autograd.grad(loss_neg, params, retain_graph=True)]
+    total, drag = torch.zeros(len(batch)), torch.zeros(len(batch))
     for i in range(len(batch)):
         if not mask[i].any():
             continue
         grads = torch.autograd.grad(lp[i][mask[i]].sum(), params, retain_graph=True)
-        out[i] = sum(
-            float((a.float() * b.float()).sum()) for a, b in zip(grads, descent, strict=True)
-        )
-    return out
+        total[i], drag[i] = _dot(grads, descent), _dot(grads, descent_neg)
+    return FirstOrder(total, drag)
 
 
 def probe_group(
@@ -96,7 +120,7 @@ def probe_group(
     """
     saved = copy.deepcopy(model.state_dict())
     try:
-        first_order = first_order_displacement(
+        first_order, drag = first_order_displacement(
             model, batch, Objective(clip_low=clip, aggregation=aggregation)
         )
         model.zero_grad(set_to_none=True)
@@ -123,7 +147,7 @@ def probe_group(
         opt.step()
         model.eval()
         new, _ = batched_log_probs(model, batch, token_budget)
-        return GroupProbe(old, new, first_order)
+        return GroupProbe(old, new, first_order, drag)
     finally:
         model.load_state_dict(saved)
         model.zero_grad(set_to_none=True)
@@ -162,7 +186,7 @@ def run_probe(
             correct = batch.rewards > 0
             if correct.all() or not correct.any():
                 continue
-            old, new, first_order = probe_group(model, batch, lr=lr, optimizer=optimizer)
+            old, new, first_order, drag = probe_group(model, batch, lr=lr, optimizer=optimizer)
             mask = batch.loss_mask
             delta = torch.where(mask, new - old, torch.zeros_like(new)).sum(-1)
             per_tok = delta / mask.sum(-1).clamp(min=1)
@@ -178,9 +202,20 @@ def run_probe(
                     frac_correct_fell=float((delta[correct] < 0).float().mean()),
                     first_order_correct=float(first_order[correct].mean()),
                     first_order_incorrect=float(first_order[~correct].mean()),
+                    first_order_correct_drag=float(drag[correct].mean()),
                 )
             )
     return results
+
+
+def drag_to_pull(r: ProbeResult) -> float:
+    """How close a question is to LLD: the drag of the wrong responses on its correct ones over
+    the pull of the right ones (0: no drag; >= 1: the correct likelihood falls, to first order)."""
+    pull = r.first_order_correct - r.first_order_correct_drag
+    drag = -r.first_order_correct_drag
+    if pull <= 0:
+        return math.inf if drag > 0 else 0.0
+    return drag / pull
 
 
 def summarize(results: Sequence[ProbeResult]) -> dict[str, Any]:
@@ -194,6 +229,8 @@ def summarize(results: Sequence[ProbeResult]) -> dict[str, Any]:
         "mean_disp_correct": sum(r.disp_correct for r in results) / n,
         "mean_disp_incorrect": sum(r.disp_incorrect for r in results) / n,
         "mean_first_order_correct": sum(r.first_order_correct for r in results) / n,
+        "mean_first_order_correct_drag": sum(r.first_order_correct_drag for r in results) / n,
+        "median_drag_to_pull": statistics.median(drag_to_pull(r) for r in results),
         "results": [asdict(r) for r in results],
     }
 
@@ -208,6 +245,8 @@ def probe_metrics(results: Sequence[ProbeResult]) -> dict[str, float]:
         "probe/first_order_lld_share": s.get("first_order_lld_share", nan),
         "probe/disp_correct": s.get("mean_disp_correct", nan),
         "probe/first_order_correct": s.get("mean_first_order_correct", nan),
+        "probe/first_order_drag": s.get("mean_first_order_correct_drag", nan),
+        "probe/drag_to_pull": s.get("median_drag_to_pull", nan),
     }
 
 
