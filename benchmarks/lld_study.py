@@ -84,6 +84,48 @@ def run_all(demo: Path, out: Path, arms: Sequence[str], seeds: Sequence[int], pa
     )
 
 
+PROBE_QUESTIONS = 64  # training questions sampled by the end-of-run probe (mixed groups kept)
+
+
+def probe_final(model_dir: Path, demo: Path, out: Path) -> dict[str, Any]:
+    """The one-step probe (Eq. 3) on `model_dir` over the first PROBE_QUESTIONS training
+    questions, 8 rollouts each; cached in `out/probe.json`."""
+    cached = out / "probe.json"
+    if cached.is_file():
+        return json.loads(cached.read_text())
+    from llds.diagnostics.probe import ProbeConfig, probe_model
+
+    cfg = ProbeConfig(
+        model=str(model_dir),
+        data=[str(demo / "world" / "train.jsonl")],
+        retriever=str(demo / "world" / "corpus.jsonl"),
+        out=str(out),
+        limit=PROBE_QUESTIONS,
+    )
+    summary, _ = probe_model(cfg)
+    return summary
+
+
+def probe_all(demo: Path, out: Path, arms: Sequence[str], seeds: Sequence[int]) -> None:
+    """The end-of-run probe of every finished run, and of the warm start they all began from."""
+    probe_final(demo / "sft" / "model", demo, out / "warm_start_probe")
+    for arm in arms:
+        for seed in seeds:
+            cfg = arm_config(demo, out, arm, seed)
+            if finished(cfg):
+                last = Path(cfg.run_dir) / "checkpoints" / f"step_{cfg.steps:06d}" / "model"
+                probe_final(last, demo, Path(cfg.run_dir) / "probe_final")
+
+
+def _probe_cells(summary: dict[str, Any] | None) -> str:
+    if not summary or not summary.get("probed"):
+        return "-"
+    return (
+        f"{summary['lld_share']:.2f} / {summary['first_order_lld_share']:.2f} / "
+        f"{summary['median_drag_to_pull']:.2f} (n={summary['probed']})"
+    )
+
+
 def _median_window(values: Sequence[float | None], end: int, width: int) -> float | None:
     window = [v for v in values[max(0, end - width + 1) : end + 1] if v is not None]
     return statistics.median(window) if window else None
@@ -134,6 +176,11 @@ def summarize_run(path: Path) -> dict[str, Any]:
             ),
         },
         "wall_s": sum(r["time/step"] for r in rows),
+        "probe_final": (
+            json.loads((path / "probe_final" / "probe.json").read_text())
+            if (path / "probe_final" / "probe.json").is_file()
+            else None
+        ),
         "series": {
             k: [r.get(k) for r in rows]
             for k in (keys.REWARD_MEAN, keys.DISP_POS, keys.FRAC_POS_FELL, keys.ENTROPY)
@@ -157,6 +204,11 @@ def _median_of(rows: Sequence[dict[str, Any]], key: str) -> float | None:
     return statistics.median(vals) if vals else None
 
 
+def _series_median(r: dict[str, Any], key: str) -> float | None:
+    vals = [v for v in r["series"][key] if v is not None]
+    return statistics.median(vals) if vals else None
+
+
 def _fmt(v: Any, digits: int = 3) -> str:
     return "-" if v is None else f"{v:.{digits}f}" if isinstance(v, float) else str(v)
 
@@ -167,6 +219,7 @@ def table(study: dict[str, dict[int, dict[str, Any]]], start: float | None) -> s
     )
     head = ["arm", "seed", "start EM", *[f"EM @ {c}" for c in checkpoints]]
     head += ["collapse step", "first critical alarm", "lead", "disp_pos before", "KL / clip, 1-10"]
+    head += ["median disp_pos / frac_pos_fell", "end probe: LLD / 1st-order LLD / drag:pull"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for arm, runs in study.items():
         for seed, r in sorted(runs.items()):
@@ -181,6 +234,9 @@ def table(study: dict[str, dict[int, dict[str, Any]]], start: float | None) -> s
                 _fmt(r["lead"]),
                 _fmt(b.get("disp_pos_median")),
                 f"{_fmt(r['first10']['approx_kl'], 4)} / {_fmt(r['first10']['clip_frac'])}",
+                f"{_fmt(_series_median(r, keys.DISP_POS))} / "
+                f"{_fmt(_series_median(r, keys.FRAC_POS_FELL))}",
+                _probe_cells(r.get("probe_final")),
             ]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -231,12 +287,19 @@ def main() -> None:
     ap.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
     ap.add_argument("--parallel", type=int, default=2)
     ap.add_argument("--summarize-only", action="store_true")
+    ap.add_argument(
+        "--probe-final",
+        action="store_true",
+        help="run the one-step probe on every finished run's last checkpoint and the warm start",
+    )
     args = ap.parse_args()
     seeds = SEED_SETS[args.set]
     if not args.summarize_only:
         if not (args.demo / "sft" / "model").is_dir():
             raise SystemExit(f"{args.demo}: no warm start; run `llds demo --out {args.demo}`")
         run_all(args.demo, args.out, args.arms, seeds, args.parallel)
+    if args.probe_final:
+        probe_all(args.demo, args.out, args.arms, seeds)
     study = {
         arm: {
             s: summarize_run(run_dir(args.out, arm, s))
@@ -248,7 +311,12 @@ def main() -> None:
     start_file = eval_file(args.demo / "sft", 0)
     start = EvalResult.read(start_file).overall.em if start_file.is_file() else None
     print(f"machine: {machine()}")
-    print(f"seed set: {args.set} {seeds}\n")
+    print(f"seed set: {args.set} {seeds}")
+    warm = args.out / "warm_start_probe" / "probe.json"
+    if warm.is_file():
+        cells = _probe_cells(json.loads(warm.read_text()))
+        print(f"warm start probe (LLD / 1st-order LLD / drag:pull): {cells}")
+    print()
     print(table(study, start))
     args.out.mkdir(parents=True, exist_ok=True)
     slim = {
