@@ -176,6 +176,11 @@ def summarize_run(path: Path) -> dict[str, Any]:
             ),
         },
         "wall_s": sum(r["time/step"] for r in rows),
+        # per-step LLD episodes: steps whose pushed-up responses lost likelihood on average
+        "lld_steps": sum(1 for r in rows if (r.get(keys.DISP_POS) or 0.0) < 0),
+        "worst_disp_pos": min(
+            (r[keys.DISP_POS] for r in rows if r.get(keys.DISP_POS) is not None), default=None
+        ),
         "probe_final": (
             json.loads((path / "probe_final" / "probe.json").read_text())
             if (path / "probe_final" / "probe.json").is_file()
@@ -219,7 +224,8 @@ def table(study: dict[str, dict[int, dict[str, Any]]], start: float | None) -> s
     )
     head = ["arm", "seed", "start EM", *[f"EM @ {c}" for c in checkpoints]]
     head += ["collapse step", "first critical alarm", "lead", "disp_pos before", "KL / clip, 1-10"]
-    head += ["median disp_pos / frac_pos_fell", "end probe: LLD / 1st-order LLD / drag:pull"]
+    head += ["median disp_pos / frac_pos_fell", "steps with disp_pos < 0 / worst disp_pos"]
+    head += ["end probe: LLD / 1st-order LLD / drag:pull"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for arm, runs in study.items():
         for seed, r in sorted(runs.items()):
@@ -236,6 +242,7 @@ def table(study: dict[str, dict[int, dict[str, Any]]], start: float | None) -> s
                 f"{_fmt(r['first10']['approx_kl'], 4)} / {_fmt(r['first10']['clip_frac'])}",
                 f"{_fmt(_series_median(r, keys.DISP_POS))} / "
                 f"{_fmt(_series_median(r, keys.FRAC_POS_FELL))}",
+                f"{_fmt(r['lld_steps'])} / {_fmt(r['worst_disp_pos'], 2)}",
                 _probe_cells(r.get("probe_final")),
             ]
             lines.append("| " + " | ".join(cells) + " |")
