@@ -39,7 +39,8 @@ from llds.diagnostics.probe import probe_metrics, run_probe
 from llds.env.prompts import PromptTemplate, build_prompt_ids
 from llds.env.protocol import Protocol
 from llds.env.rewards import FormatRewardConfig
-from llds.errors import ConfigError, UserInputError
+from llds.errors import ConfigError, ServiceUnavailableError, UserInputError
+from llds.retrieval.client import RetrievalServiceError
 from llds.rollout import RolloutBatch, RolloutEngine, RolloutRequest
 from llds.train import fsdp
 from llds.train.checkpoint import (
@@ -176,9 +177,11 @@ class GRPOTrainer:
         self.model.train()
 
         if retriever is None and cfg.rollout.max_turns > 0:  # single-turn runs never search
-            from llds.retrieval.factory import open_retriever
+            from llds.retrieval.factory import is_url, open_retriever
 
-            retriever = open_retriever(cfg.retriever.source)
+            source = cfg.retriever.source
+            options = {"retry_seconds": cfg.retriever.retry_seconds} if is_url(source) else {}
+            retriever = open_retriever(source, **options)
         self.retriever = retriever
         if train_examples is None:
             from llds.data.loaders import load_examples
@@ -349,10 +352,26 @@ class GRPOTrainer:
                     metrics = self.train_step()
                     rows.append(metrics)
                     bar.update(task, completed=self.step, description=_summary(metrics))
+        except RetrievalServiceError as exc:
+            if exc.status is not None:  # the service answered: a bad request, not an outage
+                raise
+            raise ServiceUnavailableError(self._retriever_gone_message()) from None
         finally:
             if self.logger is not None:
                 self.logger.close()
         return rows
+
+    def _retriever_gone_message(self) -> str:
+        """The one line a run stopped by an unreachable retriever ends with: which URL, where
+        the run stands, and that the same command resumes it."""
+        url = getattr(self.retriever, "url", self.cfg.retriever.source)
+        saved = [r["step"] for r in read_metrics(self.run_dir)] if self.dist.is_main else []
+        return (
+            f"retriever {url} did not answer for retriever.retry_seconds="
+            f"{self.cfg.retriever.retry_seconds:g}s during step {self.step + 1}; the run stopped "
+            f"(metrics.jsonl up to step {saved[-1] if saved else 0}, checkpoints in "
+            f"{self.ckpt_root}); once the retriever is back, resume with the same command"
+        )
 
     def train_step(self) -> dict[str, Any]:
         cfg = self.cfg
