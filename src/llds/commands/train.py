@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-HELP = "train a search agent with GRPO + LLDS (resumes from RUN_DIR's last checkpoint)"
+HELP = (
+    "train a search agent with GRPO + LLDS (resumes from run_dir's newest valid checkpoint; "
+    "see --no-resume and --allow-config-change)"
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
