@@ -14,6 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import write_run_inputs
+from llds.train.checkpoint import MANIFEST, checkpoint_problem
 from llds.train.tracking import read_metrics
 
 
@@ -129,6 +130,10 @@ def test_fsdp_trainer_equals_one_process_and_resumes(tmp_path, small_world, worl
     step1 = tmp_path / "fsdp" / "checkpoints" / "step_000001"
     assert (step1 / "sharded" / ".metadata").is_file()
     assert len(list((step1 / "sharded").glob("*.distcp"))) == 2  # one shard file per rank
+    # the manifest covers every rank's shard, and the checkpoint verifies against it
+    listed = json.loads((step1 / MANIFEST).read_text())["files"]
+    assert {"sharded/.metadata", "sharded/__0_0.distcp", "sharded/__1_0.distcp"} <= set(listed)
+    assert checkpoint_problem(step1) is None
     one1 = load_file(tmp_path / "one/checkpoints/step_000001/model/model.safetensors")
     fsdp1 = load_file(step1 / "model" / "model.safetensors")
     init = load_file(tmp_path / "model" / "model.safetensors")

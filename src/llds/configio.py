@@ -269,6 +269,36 @@ def to_dict(obj: Any) -> Any:
     return obj
 
 
+def config_changes(
+    old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = ""
+) -> list[tuple[str, Any, Any]]:
+    """`(dotted key, old value, new value)` for every leaf of `new` whose value differs in `old`.
+
+    Sections present in both are compared key by key; any other value (a list, a section set
+    to null on one side) is one leaf. Keys only in `old` are left out: a key no longer in the
+    schema cannot be set, so it cannot have been changed."""
+    out: list[tuple[str, Any, Any]] = []
+    for key, value in new.items():
+        dotted = f"{prefix}{key}"
+        before = old.get(key)
+        if isinstance(value, Mapping) and isinstance(before, Mapping):
+            out.extend(config_changes(before, value, f"{dotted}."))
+        elif key not in old or before != value:
+            out.append((dotted, before, value))
+    return out
+
+
+def dotted_keys(data: Mapping[str, Any], prefix: str = "") -> set[str]:
+    """Every section and leaf of a nested config dict by its dotted name."""
+    keys: set[str] = set()
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        keys.add(dotted)
+        if isinstance(value, Mapping):
+            keys |= dotted_keys(value, f"{dotted}.")
+    return keys
+
+
 def _without_none(tp: Any) -> Any:
     """`int | None` -> `int` (the type a command-line value must have)."""
     if typing.get_origin(tp) in (typing.Union, types.UnionType):

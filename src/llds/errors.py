@@ -13,3 +13,8 @@ class ConfigError(UserInputError):
 
 class DataFormatError(UserInputError):
     """A data file does not match its expected schema; the message names file, row and field."""
+
+
+class ServiceUnavailableError(UserInputError):
+    """A service the command needs (the retriever) stayed unreachable; the message names it and
+    says how to go on. Not a bug, so the CLI shows the message without a traceback."""

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-HELP = "train a search agent with GRPO + LLDS (resumes from RUN_DIR's last checkpoint)"
+HELP = (
+    "train a search agent with GRPO + LLDS (resumes from run_dir's newest valid checkpoint; "
+    "see --no-resume and --allow-config-change)"
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -15,7 +18,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "overrides", nargs="*", help="dotted overrides, e.g. algo.llds.coef=0.3 steps=50"
     )
     p.add_argument(
-        "--no-resume", action="store_true", help="ignore existing checkpoints in run_dir"
+        "--no-resume",
+        action="store_true",
+        help="start again at step 0: an earlier run in run_dir is first renamed to "
+        "RUN_DIR.old-<time> beside it (nothing is deleted). Without it, training resumes from "
+        "the newest valid checkpoint (damaged ones are skipped) and refuses a run_dir that "
+        "holds an earlier run without one",
+    )
+    p.add_argument(
+        "--allow-config-change",
+        action="append",
+        metavar="KEYS",
+        help="comma-separated dotted keys (or sections, or 'all') that may differ from the "
+        "checkpoint's config on resume, e.g. optim.lr,rollout.group_size; other changes are "
+        "refused. steps, run_dir, threads, save_every, keep_checkpoints and logging.* may "
+        "always change",
     )
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
 
@@ -38,6 +55,6 @@ def run(args: argparse.Namespace) -> int:
     )
     from llds.train import run as train_run
 
-    train_run(cfg, resume=not args.no_resume)
+    train_run(cfg, resume=not args.no_resume, allow_config_change=args.allow_config_change)
     print(f"run written to {cfg.run_dir} (metrics.jsonl, tensorboard/, checkpoints/)")
     return 0

@@ -3,7 +3,9 @@
 Unlike the reference clients it has timeouts, retries connection failures, timeouts and 5xx
 answers with exponential backoff (a restarting server is ridden out), never retries a 4xx (the
 request itself is wrong: the server's message is raised), and splits long query lists into
-several requests of at most `batch_size` queries.
+several requests of at most `batch_size` queries. How long it keeps retrying is a number of
+attempts (`retries`) or, for a training run that should outlast a server restart, a time
+(`retry_seconds`).
 
 For in-process retrieval there is no wrapper: a backend object (`BM25Retriever`,
 `DenseRetriever`) IS the in-process retriever, with the same `search(queries, k)`.
@@ -59,11 +61,17 @@ class HTTPRetriever:
         backoff: float = 0.5,
         max_backoff: float = 10.0,
         batch_size: int = 256,
+        retry_seconds: float | None = None,
     ) -> None:
+        """`retry_seconds`: keep retrying a failing request for this long (from its first
+        failure; each attempt may also wait up to `timeout`) instead of `retries` times."""
         if retries < 0 or batch_size < 1 or timeout <= 0 or backoff < 0:
             raise UserInputError("HTTPRetriever: need retries >= 0, batch_size >= 1, timeout > 0")
+        if retry_seconds is not None and not retry_seconds > 0:
+            raise UserInputError(f"HTTPRetriever: retry_seconds must be > 0, got {retry_seconds}")
         self.url = normalize_url(url)
         self.retries = retries
+        self.retry_seconds = retry_seconds
         self.backoff = backoff
         self.max_backoff = max_backoff
         self.batch_size = batch_size
@@ -104,20 +112,39 @@ class HTTPRetriever:
     def _delay(self, attempt: int) -> float:
         return min(self.max_backoff, self.backoff * (2**attempt))
 
+    def _may_retry(self, attempt: int, waited: float) -> bool:
+        """Whether failed attempt number `attempt` (1-based) may be followed by another, when
+        `waited` seconds will have passed since the first failure once the backoff is over."""
+        if self.retry_seconds is not None:
+            return waited <= self.retry_seconds
+        return attempt <= self.retries
+
     def _post(self, payload: dict[str, Any]) -> Any:
         last: str = ""
-        for attempt in range(self.retries + 1):
+        attempt = 0
+        first_failure: float | None = None
+        while True:
             if attempt:
-                self.retry_count += 1
                 delay = self._delay(attempt - 1)
+                now = time.monotonic()
+                first_failure = now if first_failure is None else first_failure
+                if not self._may_retry(attempt, now + delay - first_failure):
+                    break
+                self.retry_count += 1
+                limit = (
+                    f"up to {self.retry_seconds:g}s"
+                    if self.retry_seconds is not None
+                    else f"of {self.retries}"
+                )
                 log.warning(
-                    "retrieval request failed (%s); retry %d/%d in %.2fs",
+                    "retrieval request failed (%s); retry %d (%s) in %.2fs",
                     last,
                     attempt,
-                    self.retries,
+                    limit,
                     delay,
                 )
                 time.sleep(delay)
+            attempt += 1
             try:
                 response = self._client.post(self.url, json=payload)
             except httpx.TransportError as exc:  # connection refused/reset, timeouts
@@ -139,7 +166,7 @@ class HTTPRetriever:
                     response.status_code, f"{self.url}: response is not JSON"
                 ) from None
         raise RetrievalServiceError(
-            None, f"{self.url}: no answer after {self.retries + 1} attempts; last error: {last}"
+            None, f"{self.url}: no answer after {attempt} attempts; last error: {last}"
         )
 
 

@@ -44,6 +44,11 @@ def load_index(
     return DenseRetriever.load(directory, mmap=mmap, model_dir=model_dir)
 
 
+def is_url(spec: str | os.PathLike[str]) -> bool:
+    """Whether a retriever spec names a remote service (opened as an `HTTPRetriever`)."""
+    return os.fspath(spec).startswith(("http://", "https://"))
+
+
 def open_retriever(spec: str | os.PathLike[str], **kwargs: Any) -> Retriever:
     """`http(s)://host:port[/retrieve]` -> HTTP client; index directory -> loaded backend;
     corpus jsonl file -> backend built on the fly (BM25 unless `method="dense"`).
@@ -51,7 +56,7 @@ def open_retriever(spec: str | os.PathLike[str], **kwargs: Any) -> Retriever:
     Extra keyword arguments go to the client (`timeout`, `retries`, ...) or to `build_retriever`.
     """
     text = os.fspath(spec)
-    if text.startswith(("http://", "https://")):
+    if is_url(text):
         from llds.retrieval.client import HTTPRetriever
 
         return HTTPRetriever(text, **kwargs)

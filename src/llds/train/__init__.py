@@ -6,6 +6,7 @@ call; the trainer itself is `llds.train.trainer.GRPOTrainer`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,9 +14,19 @@ if TYPE_CHECKING:
     from llds.train.config import TrainConfig
 
 
-def run(cfg: TrainConfig, *, resume: bool = True) -> Path:
-    """Train to `cfg.steps` (resuming from `cfg.run_dir`'s last checkpoint unless told not to);
-    returns the run directory."""
+def run(
+    cfg: TrainConfig,
+    *,
+    resume: bool = True,
+    allow_config_change: str | Sequence[str] | None = None,
+) -> Path:
+    """Train to `cfg.steps`; returns the run directory.
+
+    `resume=True` continues from the newest valid checkpoint in `cfg.run_dir`, and refuses a
+    run directory holding an earlier run it cannot resume; `resume=False` moves an earlier run
+    aside (`RUN.old-<time>`) and starts at step 0. A resume whose config differs from the
+    checkpoint's is refused unless every changed key is in `allow_config_change` (dotted keys,
+    sections, or "all"); see `llds.train.resume.ALWAYS_ALLOWED` for the keys that need none."""
     import torch
 
     from llds.train.tracking import check_trackers
@@ -25,7 +36,7 @@ def run(cfg: TrainConfig, *, resume: bool = True) -> Path:
     check_trackers(tensorboard=cfg.logging.tensorboard, wandb=cfg.logging.wandb)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    GRPOTrainer(cfg, resume=resume).train()
+    GRPOTrainer(cfg, resume=resume, allow_config_change=allow_config_change).train()
     import torch.distributed as td
 
     if td.is_available() and td.is_initialized():  # a clean exit for multi-process runs:

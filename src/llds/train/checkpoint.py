@@ -2,12 +2,19 @@
 
 A checkpoint is a directory written under a temporary name and renamed into place; `latest`
 (a one-line file, itself replaced atomically) names the newest complete checkpoint.
+
+Renaming protects against a crash while writing, not against a file damaged afterwards (a full
+disk, a copy cut short, a bit flip). So every checkpoint carries `manifest.json`, the size and
+SHA-256 of each of its files, written before the rename; `checkpoint_problem` checks a
+checkpoint against it, and `find_resumable` picks the newest checkpoint that passes.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -16,10 +23,15 @@ import numpy as np
 import torch
 
 from llds.env.protocol import Protocol
-from llds.io import atomic_write
+from llds.io import atomic_write, write_json
 from llds.train.lora import is_lora, save_lora
 
 LATEST = "latest"
+MANIFEST = "manifest.json"
+MANIFEST_FORMAT = 1
+TRAINER_STATE = "trainer_state.json"
+OPTIM = "optim.pt"
+_STEP_DIR = re.compile(r"step_(\d+)")
 
 
 def rng_state() -> dict[str, Any]:
@@ -82,18 +94,21 @@ def write_checkpoint_files(
         blobs["optimizer"] = optimizer.state_dict()
     if grad_scaler is not None:
         blobs["grad_scaler"] = grad_scaler.state_dict()
-    torch.save(blobs, tmp / "optim.pt")
-    (tmp / "trainer_state.json").write_text(json.dumps(trainer_state, indent=2), encoding="utf-8")
+    torch.save(blobs, tmp / OPTIM)
+    (tmp / TRAINER_STATE).write_text(json.dumps(trainer_state, indent=2), encoding="utf-8")
 
 
 def publish_checkpoint(ckpt_root: Path, step: int, tmp: Path, keep: int = 2) -> Path:
-    """Rename a complete `tmp` into place, point `latest` at it, prune old ones."""
+    """Record `tmp`'s manifest, rename it into place, point `latest` at it, prune old ones.
+
+    Called once per checkpoint (rank 0) when every file is written, the shards of every rank
+    of a sharded run included, so the manifest covers all of them."""
+    write_json(tmp / MANIFEST, build_manifest(tmp))
     final = ckpt_root / f"step_{step:06d}"
     if final.exists():
         shutil.rmtree(final)
     tmp.rename(final)
-    with atomic_write(ckpt_root / LATEST, "w", encoding="utf-8") as f:
-        f.write(final.name + "\n")
+    point_latest(ckpt_root, final)
     _prune(ckpt_root, keep, protect=final.name)
     return final
 
@@ -127,7 +142,7 @@ def save_checkpoint(
 
 
 def _prune(ckpt_root: Path, keep: int, protect: str) -> None:
-    done = sorted(p for p in ckpt_root.glob("step_*") if p.is_dir())
+    done = checkpoint_dirs(ckpt_root)[::-1]  # oldest first
     for old in done[: max(0, len(done) - keep)]:
         if old.name != protect:
             shutil.rmtree(old, ignore_errors=True)
@@ -138,11 +153,147 @@ def latest_checkpoint(ckpt_root: Path) -> Path | None:
     if not pointer.is_file():
         return None
     path = ckpt_root / pointer.read_text(encoding="utf-8").strip()
-    return path if (path / "trainer_state.json").is_file() else None
+    return path if (path / TRAINER_STATE).is_file() else None
 
 
 def load_training_state(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """`(trainer_state, {optimizer, scheduler, rng})` of a checkpoint directory."""
-    state = json.loads((path / "trainer_state.json").read_text(encoding="utf-8"))
-    blobs = torch.load(path / "optim.pt", map_location="cpu", weights_only=False)
+    state = read_trainer_state(path)
+    blobs = torch.load(path / OPTIM, map_location="cpu", weights_only=False)
     return state, blobs
+
+
+def read_trainer_state(path: Path) -> dict[str, Any]:
+    """A checkpoint's `trainer_state.json` (step, counters, the run's config)."""
+    return json.loads((path / TRAINER_STATE).read_text(encoding="utf-8"))
+
+
+# ------------------------------------------------------------------ verification
+
+
+def checkpoint_step(path: Path) -> int | None:
+    """The step of a `step_XXXXXX` directory name; None for any other name."""
+    match = _STEP_DIR.fullmatch(path.name)
+    return int(match.group(1)) if match else None
+
+
+def checkpoint_dirs(ckpt_root: Path) -> list[Path]:
+    """Every published checkpoint directory, newest step first (temporary and set-aside
+    directories do not match the `step_N` name)."""
+    if not ckpt_root.is_dir():
+        return []
+    found = [p for p in ckpt_root.iterdir() if p.is_dir() and checkpoint_step(p) is not None]
+    return sorted(found, key=lambda p: checkpoint_step(p) or 0, reverse=True)
+
+
+def file_sha256(path: Path) -> str:
+    """Hex SHA-256 of a file, read in chunks (checkpoint files can be many GB)."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def build_manifest(directory: Path) -> dict[str, Any]:
+    """Size and SHA-256 of every file under `directory` (relative POSIX paths, sorted), the
+    manifest itself excepted."""
+    files = {}
+    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+        rel = path.relative_to(directory).as_posix()
+        if rel != MANIFEST:
+            files[rel] = {"size": path.stat().st_size, "sha256": file_sha256(path)}
+    return {"format": MANIFEST_FORMAT, "files": files}
+
+
+def manifest_problem(directory: Path, manifest: dict[str, Any]) -> str | None:
+    """What in `directory` differs from `manifest` (the first difference), or None. Sizes are
+    compared before hashing, so a truncated file is named without reading the others."""
+    entries = manifest.get("files")
+    if not isinstance(entries, dict) or TRAINER_STATE not in entries:
+        return f"{MANIFEST} lists no {TRAINER_STATE}"
+    for rel, want in entries.items():
+        path = directory / rel
+        if not path.is_file():
+            return f"{rel} is missing"
+        size = path.stat().st_size
+        if size != want.get("size"):
+            return f"{rel} has {size} bytes, the manifest says {want.get('size')} (truncated?)"
+    for rel, want in entries.items():
+        if file_sha256(directory / rel) != want.get("sha256"):
+            return f"{rel} does not match its SHA-256 in the manifest"
+    return None
+
+
+def checkpoint_problem(path: Path) -> str | None:
+    """Why checkpoint directory `path` cannot be resumed from, or None when it can.
+
+    With a manifest every file is checked by size and SHA-256. A checkpoint written before
+    manifests existed is checked by what can be read cheaply: the trainer state parses, the
+    optimizer blob loads, and every safetensors file's header covers the file."""
+    manifest_path = path / MANIFEST
+    if manifest_path.is_file():
+        try:
+            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            return f"{MANIFEST} is unreadable ({exc})"
+        if not isinstance(manifest, dict):
+            return f"{MANIFEST} is not a JSON object"
+        return manifest_problem(path, manifest)
+    return _legacy_problem(path)
+
+
+def _legacy_problem(path: Path) -> str | None:
+    """`checkpoint_problem` for a checkpoint without a manifest (older versions of llds)."""
+    try:
+        state = read_trainer_state(path)
+    except FileNotFoundError:
+        return f"{TRAINER_STATE} is missing"
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return f"{TRAINER_STATE} is unreadable ({exc})"
+    if not isinstance(state, dict) or not isinstance(state.get("step"), int):
+        return f"{TRAINER_STATE} has no step"
+    if not (path / OPTIM).is_file():
+        return f"{OPTIM} is missing"
+    try:
+        torch.load(path / OPTIM, map_location="cpu", weights_only=False)
+    except Exception as exc:  # torch raises many kinds of error for a damaged archive
+        return f"{OPTIM} does not load ({type(exc).__name__})"
+    weights = sorted(path.rglob("*.safetensors"))
+    if not weights:
+        return "no *.safetensors weights"
+    for file in weights:
+        problem = _safetensors_problem(file)
+        if problem:
+            return f"{file.relative_to(path).as_posix()}: {problem}"
+    return None
+
+
+def _safetensors_problem(file: Path) -> str | None:
+    """Whether a safetensors file's header parses and its tensors fit in the file."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(file), "pt"):
+            return None
+    except Exception as exc:  # the Rust binding raises its own error type
+        return f"does not load ({exc})"
+
+
+def find_resumable(ckpt_root: Path) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """The newest checkpoint that passes `checkpoint_problem`, and every newer one that did not
+    with its reason. The `latest` pointer is not needed: the `step_N` directories are scanned
+    (only complete checkpoints carry that name), so a lost pointer loses nothing."""
+    damaged: list[tuple[Path, str]] = []
+    for path in checkpoint_dirs(ckpt_root):
+        problem = checkpoint_problem(path)
+        if problem is None:
+            return path, damaged
+        damaged.append((path, problem))
+    return None, damaged
+
+
+def point_latest(ckpt_root: Path, path: Path) -> None:
+    """Make the `latest` pointer name checkpoint `path` (atomically)."""
+    with atomic_write(ckpt_root / LATEST, "w", encoding="utf-8") as f:
+        f.write(path.name + "\n")

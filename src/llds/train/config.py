@@ -77,6 +77,10 @@ class RetrieverConfig:
     """a corpus .jsonl (BM25 built on the fly), an index directory, or an http(s):// URL; not
     needed (and not opened) for single-turn training, `rollout.max_turns=0`"""
     topk: int = 3
+    retry_seconds: float = 120.0
+    """how long a retrieval service (a URL source) that stops answering is retried, with
+    backoff, before the run stops; it then exits with code 2 and resumes from its last
+    checkpoint when started again with the same command"""
 
 
 @dataclass
@@ -238,6 +242,8 @@ class TrainConfig:
                 "retriever.source",
                 "required (corpus .jsonl, index directory, or URL) unless rollout.max_turns=0",
             )
+        if self.retriever.retry_seconds <= 0:
+            raise bad("retriever.retry_seconds", f"must be > 0, got {self.retriever.retry_seconds}")
         for key, val in (
             ("steps", self.steps),
             ("prompts_per_step", self.prompts_per_step),

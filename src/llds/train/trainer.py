@@ -39,13 +39,17 @@ from llds.diagnostics.probe import probe_metrics, run_probe
 from llds.env.prompts import PromptTemplate, build_prompt_ids
 from llds.env.protocol import Protocol
 from llds.env.rewards import FormatRewardConfig
-from llds.errors import ConfigError, UserInputError
+from llds.errors import ConfigError, ServiceUnavailableError, UserInputError
+from llds.retrieval.client import RetrievalServiceError
 from llds.rollout import RolloutBatch, RolloutEngine, RolloutRequest
 from llds.train import fsdp
 from llds.train.checkpoint import (
-    latest_checkpoint,
+    LATEST,
+    find_resumable,
     load_training_state,
+    point_latest,
     publish_checkpoint,
+    read_trainer_state,
     save_checkpoint,
     set_rng_state,
     stage_checkpoint,
@@ -63,6 +67,20 @@ from llds.train.lora import ADAPTER_DIR, WithoutAdapters, attach_lora, load_adap
 from llds.train.lr_schedule import lr_factor
 from llds.train.periodic_eval import PeriodicEvaluator, eval_rollout_config, is_due
 from llds.train.precision import Precision, compute_dtype_of, update_ratio
+from llds.train.resume import (
+    apply_optimizer_changes,
+    check_allowances,
+    describe,
+    is_allowed,
+    move_run_aside,
+    no_checkpoint_message,
+    parse_allowances,
+    previous_run_contents,
+    refused_change_message,
+    resume_changes,
+    set_aside_damaged,
+    trim_records_after,
+)
 from llds.train.setup import PromptStream, frozen_copy, load_model
 from llds.train.tracking import MetricsLogger, read_metrics
 
@@ -93,7 +111,12 @@ class GRPOTrainer:
         train_examples: Sequence[QAExample] | None = None,
         eval_examples: Sequence[QAExample] | None = None,
         resume: bool = True,
+        allow_config_change: str | Sequence[str] | None = None,
     ) -> None:
+        """`resume`: continue from the newest valid checkpoint in `cfg.run_dir` (an earlier run
+        without one is refused); False moves an earlier run aside and starts at step 0.
+        `allow_config_change`: dotted keys (or sections, or `all`) a resume may change; other
+        differences from the checkpoint's config are refused (see `llds.train.resume`)."""
         self.cfg = cfg
         self.run_dir = Path(cfg.run_dir)
         self.ckpt_root = self.run_dir / "checkpoints"
@@ -104,7 +127,9 @@ class GRPOTrainer:
                 f"prompts_per_step={cfg.prompts_per_step} must be divisible by the number of "
                 f"processes ({self.dist.world}) so that every rank gets whole groups"
             )
-        ckpt = latest_checkpoint(self.ckpt_root) if resume else None
+        self.resume = resume
+        ckpt, self.damaged = find_resumable(self.ckpt_root) if resume else (None, [])
+        changed = self._check_config_changes(ckpt, parse_allowances(allow_config_change))
 
         # float32 master weights whatever model.dtype says; that is the compute dtype
         if model is None or tokenizer is None:
@@ -152,9 +177,11 @@ class GRPOTrainer:
         self.model.train()
 
         if retriever is None and cfg.rollout.max_turns > 0:  # single-turn runs never search
-            from llds.retrieval.factory import open_retriever
+            from llds.retrieval.factory import is_url, open_retriever
 
-            retriever = open_retriever(cfg.retriever.source)
+            source = cfg.retriever.source
+            options = {"retry_seconds": cfg.retriever.retry_seconds} if is_url(source) else {}
+            retriever = open_retriever(source, **options)
         self.retriever = retriever
         if train_examples is None:
             from llds.data.loaders import load_examples
@@ -211,15 +238,76 @@ class GRPOTrainer:
             if self.scaler is not None and "grad_scaler" in blobs:
                 self.scaler.load_state_dict(blobs["grad_scaler"])
             set_rng_state(blobs["rng"])
+            apply_optimizer_changes(self.optimizer, self.scheduler, cfg, changed)
             self.step = int(state["step"])
             self.nonfinite_in_a_row = int(state.get("nonfinite_in_a_row", 0))
             self.skipped_updates = int(state.get("skipped_updates", 0))
             log.info("resumed from %s at step %d", ckpt, self.step)
+        self._prepare_run_dir(ckpt)
 
         self.logger: MetricsLogger | None = None
         self.monitor = self._new_monitor()
         self.rollbacks = 0
         self.rollback_llds_coef: float | None = None  # LLDS turned on by a rollback
+
+    # ------------------------------------------------------------------ resume
+    def _check_config_changes(self, ckpt: Path | None, allow: Sequence[str]) -> set[str]:
+        """The config keys that differ from checkpoint `ckpt`'s; refused (UserInputError) unless
+        each is allowed by `allow` or always allowed. Runs before any model is loaded."""
+        check_allowances(allow, to_dict(self.cfg))
+        if ckpt is None:
+            return set()
+        saved = read_trainer_state(ckpt).get("config") or {}
+        free, asked = resume_changes(saved, self.cfg, TrainConfig())
+        refused = [c for c in asked if not is_allowed(c[0], allow)]
+        if refused:
+            raise UserInputError(refused_change_message(ckpt, refused))
+        if free and self.dist.is_main:
+            log.info("resuming with %s (always allowed)", describe(free))
+        if asked and self.dist.is_main:
+            log.warning("resuming with config changes (allowed): %s", describe(asked))
+        return {key for key, _, _ in free + asked}
+
+    def _prepare_run_dir(self, ckpt: Path | None) -> None:
+        """Once every input has loaded, before anything is written: refuse to train from step
+        0 over an earlier run (unless `resume=False`, which moves it aside), and on a resume
+        set damaged checkpoints aside and drop the records of the steps about to be redone."""
+        contents = previous_run_contents(self.run_dir)
+        if self.resume and ckpt is None and contents:
+            raise UserInputError(no_checkpoint_message(self.run_dir, contents, self.damaged))
+        if self.dist.is_main:
+            if not self.resume and contents:
+                aside = move_run_aside(self.run_dir)
+                log.warning(
+                    "--no-resume: moved the earlier run in %s to %s; starting at step 0",
+                    self.run_dir,
+                    aside,
+                )
+            elif ckpt is not None:
+                self._clean_up_for_resume(ckpt)
+        self.dist.barrier()
+
+    def _clean_up_for_resume(self, ckpt: Path) -> None:
+        """Damaged checkpoints aside, `latest` naming `ckpt`, later records dropped."""
+        moved = set_aside_damaged(self.damaged)
+        for (path, problem), aside in zip(self.damaged, moved, strict=True):
+            log.warning(
+                "checkpoint %s is damaged (%s): skipped, kept as %s", path, problem, aside.name
+            )
+        pointer = self.ckpt_root / LATEST
+        named = pointer.read_text(encoding="utf-8").strip() if pointer.is_file() else None
+        if named != ckpt.name:
+            point_latest(self.ckpt_root, ckpt)
+            log.warning(
+                "checkpoint pointer %s named %s; resuming from %s, the newest valid checkpoint",
+                pointer,
+                named or "nothing (missing)",
+                ckpt.name,
+            )
+        step = int(read_trainer_state(ckpt)["step"])
+        dropped = trim_records_after(self.run_dir, step)
+        if dropped:
+            log.warning("dropped the records of steps after %d: %s", step, ", ".join(dropped))
 
     # ------------------------------------------------------------------ loop
     def train(
@@ -264,10 +352,26 @@ class GRPOTrainer:
                     metrics = self.train_step()
                     rows.append(metrics)
                     bar.update(task, completed=self.step, description=_summary(metrics))
+        except RetrievalServiceError as exc:
+            if exc.status is not None:  # the service answered: a bad request, not an outage
+                raise
+            raise ServiceUnavailableError(self._retriever_gone_message()) from None
         finally:
             if self.logger is not None:
                 self.logger.close()
         return rows
+
+    def _retriever_gone_message(self) -> str:
+        """The one line a run stopped by an unreachable retriever ends with: which URL, where
+        the run stands, and that the same command resumes it."""
+        url = getattr(self.retriever, "url", self.cfg.retriever.source)
+        saved = [r["step"] for r in read_metrics(self.run_dir)] if self.dist.is_main else []
+        return (
+            f"retriever {url} did not answer for retriever.retry_seconds="
+            f"{self.cfg.retriever.retry_seconds:g}s during step {self.step + 1}; the run stopped "
+            f"(metrics.jsonl up to step {saved[-1] if saved else 0}, checkpoints in "
+            f"{self.ckpt_root}); once the retriever is back, resume with the same command"
+        )
 
     def train_step(self) -> dict[str, Any]:
         cfg = self.cfg
