@@ -28,6 +28,7 @@ from llds.diagnostics.plots import (
     smoothing_width,
 )
 from llds.diagnostics.report import summarize, write_report
+from llds.diagnostics.report_text import curves_caption
 from llds.diagnostics.synthetic import synthetic_rows
 from llds.errors import DataFormatError, UserInputError
 from llds.io import write_json, write_jsonl, write_yaml
@@ -150,7 +151,7 @@ def test_failed_render_keeps_previous_report(runs, tmp_path, monkeypatch):
     path = write_report([grpo], tmp_path)
     before = path.read_bytes()
 
-    def boom(_runs):
+    def boom(*_args):
         raise RuntimeError("render failed")
 
     monkeypatch.setattr(report_mod, "comparison_figure", boom)
@@ -363,3 +364,108 @@ def test_training_em_is_drawn_above_the_reward_or_left_out():
             assert "dotted: EM" in ax.get_title()
         else:
             assert "EM = reward" in ax.get_title()
+
+
+# --- the displacement panels draw the paper's quantity ------------------------------------------
+
+
+def _with_neg(rows):
+    """Rows as the trainer logs them now: `lld/disp_neg` next to `lld/disp_pos`."""
+    return [{**r, "lld/disp_neg": -3.0 - 0.01 * r["step"]} for r in rows]
+
+
+def _axis(fig, ylabel):
+    (ax,) = [a for a in fig.axes if a.get_ylabel() == ylabel]
+    return ax
+
+
+def _curves(ax, color):
+    """(linestyle, x, y) of the lines of one run's colour (raw and smoothed)."""
+    return [
+        (ln.get_linestyle(), list(ln.get_xdata()), list(ln.get_ydata()))
+        for ln in ax.get_lines()
+        if ln.get_color() == color
+    ]
+
+
+def _raw(rows, key):
+    return [float(r["step"]) for r in rows], [r[key] for r in rows]
+
+
+def test_displacement_panel_draws_the_logged_disp_pos_and_disp_neg():
+    rows = _with_neg(synthetic_rows("steady_decay", seed=5, steps=80, displacement=True))
+    run = RunSeries("new", "#1f77b4", rows, detect_phases(rows), [])
+    fig = draw_comparison([run], PhaseConfig(pos_fell_frac=0.4))
+    upper, lower = _axis(fig, "advantage > 0"), _axis(fig, "advantage < 0")
+    for ax, key in ((upper, "lld/disp_pos"), (lower, "lld/disp_neg")):
+        xs, ys = _raw(rows, key)
+        drawn = _curves(ax, "#1f77b4")
+        assert ("-", xs, ys) in drawn  # the faint raw values are exactly the logged ones
+        assert ("-", xs, moving_average(ys, smoothing_width(len(ys)))) in drawn
+        assert all(style == "-" for style, _, _ in drawn)
+        assert [0.0, 0.0] in [list(ln.get_ydata()) for ln in ax.get_lines()]  # the zero line
+    correct = _raw(rows, "lld/disp_correct")[1]
+    assert all(y != correct for _, _, y in _curves(upper, "#1f77b4"))
+    assert upper.get_title() == (
+        "Likelihood displacement per update\n(log-prob change, nats per response)"
+    )
+    assert lower.get_title() == "" and upper.get_shared_x_axes().joined(upper, lower)
+    fell = _axis(fig, "share of advantage > 0")
+    assert ("-", *_raw(rows, "lld/frac_pos_fell")) in _curves(fell, "#1f77b4")
+    assert [0.4, 0.4] in [list(ln.get_ydata()) for ln in fell.get_lines()]  # the threshold
+
+
+def test_displacement_panel_falls_back_to_correctness_for_older_logs():
+    old_rows = synthetic_rows("healthy", seed=6, steps=40)  # no lld/disp_pos, as older logs
+    new_rows = _with_neg(synthetic_rows("healthy", seed=7, steps=40, displacement=True))
+    old = RunSeries("old", "#d62728", old_rows, detect_phases(old_rows), [])
+    new = RunSeries("new", "#1f77b4", new_rows, detect_phases(new_rows), [])
+    fig = draw_comparison([old])
+    upper, lower = _axis(fig, "correct"), _axis(fig, "incorrect")
+    for ax, key in ((upper, "lld/disp_correct"), (lower, "lld/disp_incorrect")):
+        assert ("--", *_raw(old_rows, key)) in _curves(ax, "#d62728")
+    assert upper.get_title().endswith("(nats per response; dashed: by correctness)")
+    assert ("--", *_raw(old_rows, "lld/frac_correct_fell")) in _curves(
+        _axis(fig, "share of correct responses"), "#d62728"
+    )
+    # side by side: the new run solid with its disp_pos, the old one dashed with disp_correct
+    mixed = draw_comparison([new, old])
+    upper = _axis(mixed, "advantage > 0")
+    assert ("-", *_raw(new_rows, "lld/disp_pos")) in _curves(upper, "#1f77b4")
+    assert ("--", *_raw(old_rows, "lld/disp_correct")) in _curves(upper, "#d62728")
+    assert "dashed: by correctness" in upper.get_title()
+
+
+def test_curves_caption_names_the_metrics_drawn():
+    old_rows = synthetic_rows("healthy", seed=6, steps=40)
+    new_rows = _with_neg(synthetic_rows("healthy", seed=7, steps=40, displacement=True))
+    old = RunSeries("old", "#d62728", old_rows, detect_phases(old_rows), [])
+    new = RunSeries("new", "#1f77b4", new_rows, detect_phases(new_rows), [])
+    cfg = AlarmConfig(phase=PhaseConfig(pos_fell_frac=0.4, disp_window=25))
+
+    text = curves_caption([new], cfg)
+    assert "Upper axis: <code>lld/disp_pos</code>, responses with advantage &gt; 0." in text
+    assert "Lower axis, on its own scale: <code>lld/disp_neg</code>, advantage &lt; 0." in text
+    assert "the grey line at 0.4 is the detector's threshold for the 25-step" in text
+    assert "disp_correct" not in text and "dashed" not in text
+
+    text = curves_caption([old], cfg)
+    assert (
+        "Upper axis: <code>lld/disp_correct</code>, correct responses (dashed), since no run "
+        "logged <code>lld/disp_pos</code>."
+    ) in text
+    assert "<code>lld/disp_incorrect</code>, incorrect responses (dashed)" in text
+    assert "all correct, which GRPO does not push" in text
+
+    text = curves_caption([new, old], cfg)
+    assert (
+        "Upper axis: <code>lld/disp_pos</code>, responses with advantage &gt; 0 (solid); for "
+        "<b>old</b>, whose log has no <code>lld/disp_pos</code>, <code>lld/disp_correct</code>"
+    ) in text
+
+
+def test_report_caption_says_when_the_displacement_falls_back(written):
+    curves = written.read_text(encoding="utf-8").split("<h2>Training curves</h2>")[1]
+    caption = curves.split("<img")[0]
+    # the fixture runs are written without the paper's displacement, as older logs are
+    assert "since no run logged <code>lld/disp_pos</code>" in caption

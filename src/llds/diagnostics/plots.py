@@ -12,12 +12,12 @@ from __future__ import annotations
 import io
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from llds import metrics as keys
 from llds.diagnostics.alarms import Alarm
-from llds.diagnostics.phases import PhaseLabel, phase_spans
+from llds.diagnostics.phases import PhaseConfig, PhaseLabel, phase_spans
 from llds.diagnostics.robust import as_float
 from llds.diagnostics.run_info import HeldOut
 
@@ -76,7 +76,49 @@ class Panel:
     log_y: bool = False
     hline: float | None = None
     note: str = ""
+    fallback: str | None = None
+    """drawn, dashed, for the runs that never log `key` (logs written before it existed)"""
+    fallback_ylabel: str = ""
+    """the y label when every run falls back"""
+    fallback_note: str = ""
+    """the title's note when some run falls back"""
+    below: Panel | None = None
+    """a shorter axis under this one, over the same steps, with its own y scale"""
 
+
+DISPLACEMENT = Panel(
+    "Likelihood displacement per update",
+    "advantage > 0",
+    keys.DISP_POS,
+    hline=0.0,
+    note="log-prob change, nats per response",
+    fallback=keys.DISP_CORRECT,
+    fallback_ylabel="correct",
+    fallback_note="nats per response; dashed: by correctness",
+    below=Panel(
+        "",
+        "advantage < 0",
+        keys.DISP_NEG,
+        hline=0.0,
+        fallback=keys.DISP_INCORRECT,
+        fallback_ylabel="incorrect",
+    ),
+)
+"""The paper's displacement (Def. 4.1): the summed log-likelihood change over a step's updates
+of the responses GRPO pushes up (advantage > 0, mixed groups), with a zero line; under it, on its
+own scale (several nats, against a few tenths), the responses it pushes down. Older logs: the
+same change by correctness (which also counts all-correct groups, which GRPO does not push)."""
+
+POS_FELL = Panel(
+    "Reinforced responses whose likelihood fell",
+    "share of advantage > 0",
+    keys.FRAC_POS_FELL,
+    hline=0.5,
+    fallback=keys.FRAC_CORRECT_FELL,
+    fallback_ylabel="share of correct responses",
+    fallback_note="dashed: share of correct ones instead",
+)
+"""`lld/frac_pos_fell`; its line is the detector's threshold (`PhaseConfig.pos_fell_frac`)."""
 
 PANELS: tuple[Panel, ...] = (
     Panel("Reward", "mean reward", keys.REWARD_MEAN, keys.REWARD_EM),
@@ -87,26 +129,20 @@ PANELS: tuple[Panel, ...] = (
         keys.LOGP_INCORRECT,
         note="solid: correct, dashed: incorrect",
     ),
-    Panel(
-        "Likelihood displacement per update",
-        "sum of log-prob change",
-        keys.DISP_CORRECT,
-        keys.DISP_INCORRECT,
-        hline=0.0,
-        note="solid: correct, dashed: incorrect",
-    ),
-    Panel(
-        "Correct responses whose likelihood fell",
-        "share of responses",
-        keys.FRAC_CORRECT_FELL,
-        hline=0.5,
-    ),
+    DISPLACEMENT,
+    POS_FELL,
     Panel("Policy entropy", "nats per token", keys.ENTROPY),
     Panel("Gradient norm", "L2 norm (log scale)", keys.GRAD_NORM, log_y=True),
     Panel("Max likelihood ratio", "pi / pi_old (log scale)", keys.RATIO_MAX, log_y=True),
     Panel("Valid searches", "searches per rollout", keys.VALID_SEARCHES),
     Panel("Response length", "model tokens per rollout", keys.RESPONSE_TOKENS),
 )
+
+
+def comparison_panels(phase: PhaseConfig | None = None) -> tuple[Panel, ...]:
+    """`PANELS` with the share-fell line at the detector's threshold in use."""
+    threshold = (phase or PhaseConfig()).pos_fell_frac
+    return tuple(replace(p, hline=threshold) if p is POS_FELL else p for p in PANELS)
 
 
 def _pyplot() -> Any:
@@ -310,12 +346,36 @@ def _alarm_lines(ax: Axes, run: RunSeries, *, annotate: bool = False) -> None:
             )
 
 
-def _draw_panel(ax: Axes, panel: Panel, runs: Sequence[RunSeries]) -> None:
-    """One comparison panel; its title names only the line styles actually drawn."""
+def panel_key(run: RunSeries, panel: Panel) -> str:
+    """The metric a panel draws for one run: its own, or its fallback where the run's log never
+    has the former (a log written before the metric existed) but has the latter."""
+    if panel.fallback is None or series(run.rows, panel.key)[0]:
+        return panel.key
+    return panel.fallback if series(run.rows, panel.fallback)[0] else panel.key
+
+
+def fallback_runs(runs: Sequence[RunSeries], panel: Panel = DISPLACEMENT) -> list[RunSeries]:
+    """The runs for which `panel` draws its fallback metric (captions name them)."""
+    return [run for run in runs if panel_key(run, panel) != panel.key]
+
+
+def _draw_panel(
+    ax: Axes, panel: Panel, runs: Sequence[RunSeries], *, bottom: bool = True, top: bool = True
+) -> None:
+    """One comparison panel; its title names only the line styles actually drawn. `bottom`:
+    the axis carries the step labels and the phase strips; `top`: it carries the title (a panel
+    with `below` is drawn as two axes, one above the other)."""
     has_data = companion = em_is_reward = False
+    primary = fallback = False
     for run in runs:
-        xs, ys = series(run.rows, panel.key)
-        _plot_series(ax, xs, ys, run.color)
+        key = panel_key(run, panel)
+        xs, ys = series(run.rows, key)
+        if key == panel.key:
+            _plot_series(ax, xs, ys, run.color)
+            primary |= bool(xs)
+        else:
+            _plot_series(ax, xs, ys, run.color, linestyle="--", zorder=3.0)
+            fallback |= bool(xs)
         has_data |= bool(xs)
         if panel.dashed_key:
             dx, dy = series(run.rows, panel.dashed_key)
@@ -334,28 +394,51 @@ def _draw_panel(ax: Axes, panel: Panel, runs: Sequence[RunSeries]) -> None:
         ax.axhline(panel.hline, color="#555555", linewidth=0.8, linestyle="-", alpha=0.5)
     if not has_data:
         ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes)
-    _phase_bands(ax, runs)
+    if bottom:
+        _phase_bands(ax, runs)
     if panel.dashed_key == keys.REWARD_EM:
         note = "dotted: EM of the rollouts" if companion else "EM = reward" if em_is_reward else ""
-    else:
+    elif fallback:
+        note = panel.fallback_note
+    elif panel.dashed_key:
         note = panel.note if companion else ""
-    ax.set_title(panel.title + (f"\n({note})" if note else ""), fontsize=11)
-    ax.set_xlabel("training step")
-    ax.set_ylabel(panel.ylabel)
+    else:
+        note = panel.note
+    if top:
+        ax.set_title(panel.title + (f"\n({note})" if note else ""), fontsize=11)
+    if bottom:
+        ax.set_xlabel("training step")
+    else:
+        ax.tick_params(labelbottom=False)
+    ax.set_ylabel(panel.fallback_ylabel if fallback and not primary else panel.ylabel)
     ax.grid(True, alpha=0.3)
     _integer_steps(ax)
 
 
-def draw_comparison(runs: Sequence[RunSeries]) -> Figure:
-    """All runs overlaid, one panel per metric."""
+def draw_comparison(runs: Sequence[RunSeries], phase: PhaseConfig | None = None) -> Figure:
+    """All runs overlaid, one panel per metric (`phase`: the detector's thresholds, for the line
+    in the share-fell panel). A panel with `below` takes its cell as two axes over the same
+    steps, the upper one taller (5:3)."""
     plt = _pyplot()
+    from matplotlib.ticker import MaxNLocator
+
+    panels = comparison_panels(phase)
     ncols = 3
-    nrows = math.ceil(len(PANELS) / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(15, 3.6 * nrows), squeeze=False)
-    for ax, panel in zip(axes.flat, PANELS, strict=False):
-        _draw_panel(ax, panel, runs)
-    for ax in list(axes.flat)[len(PANELS) :]:
-        ax.set_visible(False)
+    nrows = math.ceil(len(panels) / ncols)
+    fig = plt.figure(figsize=(15, 3.6 * nrows))
+    grid = fig.add_gridspec(nrows, ncols)
+    for i, panel in enumerate(panels):
+        cell = grid[i // ncols, i % ncols]
+        if panel.below is None:
+            _draw_panel(fig.add_subplot(cell), panel, runs)
+            continue
+        upper, lower = cell.subgridspec(2, 1, height_ratios=(5, 3), hspace=0.08)
+        ax = fig.add_subplot(upper)
+        _draw_panel(ax, panel, runs, bottom=False)
+        below = fig.add_subplot(lower, sharex=ax)
+        _draw_panel(below, panel.below, runs, top=False)
+        below.yaxis.set_major_locator(MaxNLocator(nbins=3, min_n_ticks=3))
+        fig.align_ylabels([ax, below])
     handles = [plt.Line2D([], [], color=run.color, linewidth=2.5, label=run.label) for run in runs]
     if has_alarm_lines(runs):
         handles.append(plt.Line2D([], [], color="#555555", linestyle=":", label="alarm"))
@@ -366,9 +449,9 @@ def draw_comparison(runs: Sequence[RunSeries]) -> Figure:
     return fig
 
 
-def comparison_figure(runs: Sequence[RunSeries]) -> bytes:
+def comparison_figure(runs: Sequence[RunSeries], phase: PhaseConfig | None = None) -> bytes:
     """`draw_comparison` as PNG."""
-    return _to_png(draw_comparison(runs))
+    return _to_png(draw_comparison(runs, phase))
 
 
 def _timeline_title(runs: Sequence[RunSeries]) -> str:

@@ -298,13 +298,14 @@ def write_report(
         RunSeries(r.label, c, r.rows, r.phases, r.alarms, r.held_out)
         for r, c in zip(runs, colors, strict=True)
     ]
+    cfg = config or AlarmConfig()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
     figures: list[tuple[str, bytes, str]] = [
         ("timeline.png", timeline_figure(series), "phases and alarms per run"),
         ("heldout.png", heldout_figure(series), "held-out exact match per run"),
-        ("compare.png", comparison_figure(series), "metrics of all runs"),
+        ("compare.png", comparison_figure(series, cfg.phase), "metrics of all runs"),
     ]
     details = []
     for i, s in enumerate(series):
@@ -331,13 +332,13 @@ def write_report(
         "<h1>llds run report</h1>"
         f"<p class='muted'>{len(runs)} run(s), generated {stamp}. Phases and alarms are "
         "recomputed from metrics.jsonl with the same detector the trainer runs online.</p>"
-        f"{how_to_read(config or AlarmConfig())}"
+        f"{how_to_read(cfg)}"
         f"<h2>Summary</h2>{_summary_table(summaries, colors)}"
         f"<h2>Settings</h2>{differences_line(names, [r.config for r in runs])}"
         f"{_settings_table(runs, colors)}"
         f"<h2>Held-out exact match</h2>{imgs['heldout.png']}{heldout_caption(series)}"
         f"<h2>Phases and alarms</h2>{imgs['timeline.png']}"
-        f"<h2>Training curves</h2>{curves_caption(series)}{imgs['compare.png']}"
+        f"<h2>Training curves</h2>{curves_caption(series, cfg)}{imgs['compare.png']}"
         f"<h2>Runs</h2>{per_run}</body></html>"
     )
     write_json(

@@ -14,7 +14,11 @@ from typing import Any
 from llds import metrics as keys
 from llds.diagnostics.alarms import AlarmConfig
 from llds.diagnostics.plots import (
+    DISPLACEMENT,
+    POS_FELL,
+    Panel,
     RunSeries,
+    fallback_runs,
     has_alarm_lines,
     has_phase_strips,
     shared_baseline,
@@ -42,12 +46,22 @@ def _lld_text() -> str:
         "rollouts again and takes, per response, the change of its log-likelihood summed over "
         "the tokens the model wrote (retrieved text is not counted): log &pi;<sub>after</sub> "
         "&minus; log &pi;<sub>before</sub>. "
-        f"{_code(keys.DISP_POS)} is the mean change over responses with advantage &gt; 0, in "
-        f"nats per response; {_code(keys.FRAC_POS_FELL)} is the share of them whose likelihood "
-        "did not rise. The panel <i>Likelihood displacement per update</i> shows the same change "
-        f"for correct (solid, {_code(keys.DISP_CORRECT)}) and incorrect (dashed, "
-        f"{_code(keys.DISP_INCORRECT)}) responses; below the zero line the update made them "
-        "less likely.</p>"
+        "Only groups with both right and wrong answers take part (in the others every "
+        f"advantage is zero). {_code(keys.DISP_POS)} is the mean change over responses with "
+        f"advantage &gt; 0, in nats per response; {_code(keys.FRAC_POS_FELL)} is the share of "
+        f"them whose likelihood did not rise; {_code(keys.DISP_NEG)} is the mean change over "
+        "responses with advantage &lt; 0. Under <i>Training curves</i>, the panel "
+        "<i>Likelihood displacement per update</i> draws "
+        f"{_code(keys.DISP_POS)} on its upper axis, with a zero line: below it, the update made "
+        "the responses it reinforces less likely. Its lower axis draws "
+        f"{_code(keys.DISP_NEG)} on a scale of its own, since the pushed-down responses "
+        "typically lose several nats while the reinforced ones gain tenths of one. The panel "
+        "<i>Reinforced responses whose likelihood fell</i> draws "
+        f"{_code(keys.FRAC_POS_FELL)}. Logs written before these metrics existed have only the "
+        f"change by correctness ({_code(keys.DISP_CORRECT)}, {_code(keys.DISP_INCORRECT)}, "
+        f"{_code(keys.FRAC_CORRECT_FELL)}); the panels then draw those, dashed, and the caption "
+        "says so. They also count groups whose responses are all correct, which GRPO does not "
+        "push.</p>"
         "<p><b>Why it matters.</b> In the paper, a sustained fall of the correct responses' "
         "likelihood while the training reward is still rising comes before the collapse: a "
         "less confident policy gets larger gradients, which displace the likelihood further, "
@@ -123,7 +137,52 @@ def how_to_read(cfg: AlarmConfig) -> str:
     )
 
 
-def curves_caption(runs: Sequence[RunSeries]) -> str:
+def _axis_text(runs: Sequence[RunSeries], panel: Panel, pos: str, fb: str) -> str:
+    """What one displacement axis draws: `panel.key` (for the responses `pos`), its fallback
+    (for the responses `fb`, dashed) for the runs whose log lacks it, or both."""
+    assert panel.fallback is not None
+    old = fallback_runs(runs, panel)
+    if not old:
+        return f"{_code(panel.key)}, {pos}"
+    if len(old) == len(runs):
+        return f"{_code(panel.fallback)}, {fb} (dashed), since no run logged {_code(panel.key)}"
+    names = ", ".join(f"<b>{html.escape(run.label)}</b>" for run in old)
+    return (
+        f"{_code(panel.key)}, {pos} (solid); for {names}, whose log has no "
+        f"{_code(panel.key)}, {_code(panel.fallback)}, {fb} (dashed)"
+    )
+
+
+def displacement_caption(runs: Sequence[RunSeries], cfg: AlarmConfig) -> str:
+    """The sentences on the two displacement panels, naming the metric each axis draws."""
+    assert DISPLACEMENT.below is not None
+    upper = _axis_text(runs, DISPLACEMENT, "responses with advantage &gt; 0", "correct responses")
+    lower = _axis_text(runs, DISPLACEMENT.below, "advantage &lt; 0", "incorrect responses")
+    fell = _axis_text(
+        runs,
+        POS_FELL,
+        "the share of the responses with advantage &gt; 0 whose likelihood did not rise",
+        "the same share among correct responses",
+    )
+    p = cfg.phase
+    text = (
+        "<i>Likelihood displacement per update</i>: the change of a response's log-likelihood "
+        "over the step's updates (summed over its tokens, in nats), averaged over responses. "
+        f"Upper axis: {upper}. Lower axis, on its own scale: {lower}. Grey lines at zero: below "
+        "them the update made those responses less likely. "
+        f"<i>Reinforced responses whose likelihood fell</i>: {fell}; the grey line at "
+        f"{p.pos_fell_frac:g} is the detector's threshold for the {p.disp_window}-step rolling "
+        f"median of {_code(keys.FRAC_POS_FELL)}."
+    )
+    if any(fallback_runs(runs, panel) for panel in (DISPLACEMENT, DISPLACEMENT.below, POS_FELL)):
+        text += (
+            " The by-correctness metrics also count groups whose responses are all correct, "
+            "which GRPO does not push."
+        )
+    return text
+
+
+def curves_caption(runs: Sequence[RunSeries], cfg: AlarmConfig | None = None) -> str:
     """Caption of the training curves naming only the marks that are drawn."""
     parts = ["Faint: raw per-step values; bold: light moving average."]
     if shows_training_em(runs):
@@ -131,6 +190,7 @@ def curves_caption(runs: Sequence[RunSeries]) -> str:
             "Reward panel: the dotted line with white gaps is the exact match of the training "
             "rollouts, drawn above the reward."
         )
+    parts.append(displacement_caption(runs, cfg or AlarmConfig()))
     if has_phase_strips(runs):
         parts.append(
             "Coloured strips along the bottom of each panel: steps in stagnation, steady decay "
