@@ -13,19 +13,33 @@ import pytest
 
 from llds.cli import main
 from llds.diagnostics import report as report_mod
-from llds.diagnostics.phases import detect_phases
-from llds.diagnostics.plots import moving_average, smoothing_width
+from llds.diagnostics.alarms import ALARM_KINDS, AlarmConfig
+from llds.diagnostics.phases import PhaseConfig, detect_phases
+from llds.diagnostics.plots import (
+    PHASE_NAMES,
+    RunSeries,
+    _log_ticks,
+    draw_comparison,
+    draw_heldout,
+    draw_run_detail,
+    draw_timeline,
+    em_curve,
+    moving_average,
+    smoothing_width,
+)
 from llds.diagnostics.report import summarize, write_report
+from llds.diagnostics.report_text import curves_caption
 from llds.diagnostics.synthetic import synthetic_rows
 from llds.errors import DataFormatError, UserInputError
-from llds.io import write_json, write_jsonl
+from llds.io import write_json, write_jsonl, write_yaml
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> tuple[Path, Path]:
-    """A vanilla-GRPO run that collapses and a GRPO+LLDS run that stays healthy."""
+    """A vanilla-GRPO run that collapses and a GRPO+LLDS run that stays healthy, from the same
+    warm start; their saved configs differ only in `algo.llds.enabled`."""
     root = tmp_path_factory.mktemp("runs")
     grpo, llds = root / "grpo", root / "grpo_llds"
     write_jsonl(grpo / "metrics.jsonl", synthetic_rows("collapse", seed=1, steps=160))
@@ -36,6 +50,18 @@ def runs(tmp_path_factory) -> tuple[Path, Path]:
     write_json(llds / "eval" / "step_000140.json", {"overall": overall, "by_source": {}})
     older = {**overall, "em": 0.1}
     write_json(llds / "eval" / "step_000050.json", {"overall": older, "by_source": {}})
+    # the warm start both runs name, evaluated at step 0 (the layout `llds demo` writes)
+    (root / "sft" / "model").mkdir(parents=True)
+    write_json(root / "sft" / "eval" / "step_000000.json", {"overall": {**overall, "em": 0.05}})
+    for run, enabled in ((grpo, False), (llds, True)):
+        config = {
+            "run_dir": str(run),
+            "seed": 0,
+            "model": {"path": str(root / "sft" / "model"), "dtype": "float32"},
+            "optim": {"lr": 2e-4, "mini_batches": 4},
+            "algo": {"kl_coef": 0.001, "llds": {"enabled": enabled, "coef": 0.2}},
+        }
+        write_yaml(run / "config.yaml", config)
     return grpo, llds
 
 
@@ -49,12 +75,18 @@ def test_report_files_and_embedded_images(written):
     out = written.parent
     assert written.name == "report.html"
     pngs = sorted(p.name for p in out.glob("*.png"))
-    assert pngs == ["compare.png", "run1_GRPO.png", "run2_GRPO_LLDS.png", "timeline.png"]
+    assert pngs == [
+        "compare.png",
+        "heldout.png",
+        "run1_GRPO.png",
+        "run2_GRPO_LLDS.png",
+        "timeline.png",
+    ]
     for name in pngs:
         assert (out / name).read_bytes().startswith(PNG_MAGIC)
     page = written.read_text(encoding="utf-8")
     embedded = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
-    assert len(embedded) == 4
+    assert len(embedded) == 5
     # the embedded images are exactly the files written beside the page
     assert sorted(base64.b64decode(e) for e in embedded) == sorted(
         (out / n).read_bytes() for n in pngs
@@ -119,7 +151,7 @@ def test_failed_render_keeps_previous_report(runs, tmp_path, monkeypatch):
     path = write_report([grpo], tmp_path)
     before = path.read_bytes()
 
-    def boom(_runs):
+    def boom(*_args):
         raise RuntimeError("render failed")
 
     monkeypatch.setattr(report_mod, "comparison_figure", boom)
@@ -183,3 +215,257 @@ def test_report_renders_in_headless_chromium(written, tmp_path):
     assert 0.03 < non_white < 0.9  # text, tables and figures, not a blank or solid page
     colours = {tuple(c) for c in rgb[::7, ::7].reshape(-1, 3)}
     assert len(colours) > 50  # the run colours, phase shading, anti-aliased text...
+
+
+# --- the report explains itself -------------------------------------------------------------
+
+
+def test_report_explains_lld_phases_and_alarms(written):
+    page = written.read_text(encoding="utf-8")
+    assert "How to read this report" in page
+    assert "Lazy likelihood displacement" in page
+    for metric in ("lld/disp_pos", "lld/frac_pos_fell", "lld/disp_correct"):
+        assert metric in page
+    for phase in PHASE_NAMES.values():
+        assert f"<dt>{phase}</dt>" in page
+    for kind in ALARM_KINDS:
+        assert kind in page.split("How to read this report")[1].split("<h2>")[0]
+
+
+def test_explanation_quotes_the_thresholds_in_use(runs, tmp_path):
+    grpo, _ = runs
+    config = AlarmConfig(phase=PhaseConfig(decay_steps=7, disp_window=25), rearm_steps=9)
+    page = write_report([grpo], tmp_path, config=config).read_text(encoding="utf-8")
+    assert "at least 7 steps in a row, the 25-step rolling median" in page
+    assert "quiet for 9 steps" in page
+
+
+def test_heldout_curve_matches_eval_files(runs):
+    _, llds = runs
+    run = report_mod.load_run(llds, "GRPO + LLDS")
+    assert run.held_out is not None and run.held_out.baseline_label == "warm start"
+    # the warm start's step-0 evaluation, then the two files the fixture wrote
+    assert em_curve(run.held_out) == ([0, 50, 140], [0.05, 0.1, 0.412])
+    fig = draw_heldout([RunSeries("x", "#123456", run.rows, run.phases, [], run.held_out)])
+    (line,) = [ln for ln in fig.axes[0].get_lines() if ln.get_label() == "x"]
+    assert list(line.get_xdata()) == [0, 50, 140]
+    assert list(line.get_ydata()) == pytest.approx([0.05, 0.1, 0.412])
+    baseline = [ln for ln in fig.axes[0].get_lines() if ln.get_label().startswith("start")]
+    assert len(baseline) == 1 and list(baseline[0].get_ydata()) == [0.05, 0.05]
+
+
+def test_report_json_holds_heldout_and_start(written):
+    data = json.loads((written.parent / "report.json").read_text())
+    grpo, llds = data["runs"]
+    assert [p["step"] for p in llds["held_out"]] == [50, 140]
+    assert llds["start_em"] == pytest.approx(0.05) and grpo["start_em"] == pytest.approx(0.05)
+    assert grpo["held_out"] == [] and data["differing_settings"] == ["algo.llds.enabled"]
+
+
+def test_no_evaluation_says_so_instead_of_an_empty_axis(tmp_path):
+    run = tmp_path / "plain"
+    write_jsonl(run / "metrics.jsonl", synthetic_rows("healthy", seed=3, steps=30))
+    page = write_report([run], tmp_path / "out").read_text(encoding="utf-8")
+    assert "<b>plain</b>: no evaluation found" in page
+    loaded = report_mod.load_run(run, "plain")
+    fig = draw_heldout([RunSeries("plain", "#000", loaded.rows, [], [], loaded.held_out)])
+    (ax,) = fig.axes
+    assert not ax.axison and not ax.get_lines()
+    assert any("No held-out evaluation" in t.get_text() for t in ax.texts)
+
+
+def test_settings_table_marks_the_differing_key(written):
+    page = written.read_text(encoding="utf-8")
+    settings = page.split("<h2>Settings</h2>")[1].split("<h2>")[0]
+    assert "differ in</b> <code class='diff'>algo.llds.enabled</code>" in settings
+    assert "(GRPO: off / GRPO + LLDS: on)" in settings
+    marked = re.findall(r"<tr class='differs'><td>(.*?)</td>", settings)
+    assert marked == ["LLDS regularizer <code>algo.llds.enabled</code>"]
+    lr_row = re.search(r"<tr><td>learning rate <code>optim.lr</code></td>(.*?)</tr>", settings)
+    assert lr_row is not None and lr_row.group(1) == "<td>0.0002</td><td>0.0002</td>"
+
+
+def test_captions_mention_alarms_only_when_drawn(runs, written, tmp_path):
+    _, llds = runs  # the healthy run raises no alarm
+    quiet = write_report([llds], tmp_path).read_text(encoding="utf-8")
+    curves = quiet.split("<h2>Training curves</h2>")[1].split("<img")[0]
+    assert "Dotted vertical lines" not in curves and "no alarm lines are drawn" in curves
+    assert "Coloured strips" not in curves
+    assert "Dotted lines: alarms" not in quiet.split("<h2>Runs</h2>")[1]
+    loud = written.read_text(encoding="utf-8").split("<h2>Training curves</h2>")[1]
+    assert "Dotted vertical lines: warning and critical alarms" in loud.split("<img")[0]
+    assert "Coloured strips" in loud.split("<img")[0]
+
+    healthy = report_mod.load_run(llds, "healthy")
+    series = [RunSeries("healthy", "#1f77b4", healthy.rows, healthy.phases, healthy.alarms)]
+    legend = draw_comparison(series).legends[0]
+    assert [t.get_text() for t in legend.get_texts()] == ["healthy"]
+    assert draw_timeline(series).axes[0].get_title() == "Phases per run (no alarms)"
+
+
+def _step_axes(fig):
+    """Axes over training steps that show something (empty panels keep matplotlib's 0..1)."""
+    return [
+        ax
+        for ax in fig.axes
+        if ax.get_visible()
+        and ax.get_xlabel() == "training step"
+        and not any(t.get_text() == "not logged" for t in ax.texts)
+    ]
+
+
+def test_three_step_run_gets_integer_step_ticks():
+    rows = [
+        {"step": s, "reward/mean": r, "policy/grad_norm": g, "lld/logp_correct": -0.1 * s}
+        for s, r, g in ((1, 0.2, 0.5), (2, 0.4, 0.9), (3, 0.5, 1.7))
+    ]
+    phases = detect_phases(rows)
+    run = RunSeries("short", "#1f77b4", rows, phases, [])
+    figures = [draw_comparison([run]), draw_timeline([run]), draw_run_detail(run)]
+    for fig in figures:
+        axes = _step_axes(fig)
+        assert axes
+        for ax in axes:
+            low, high = ax.get_xlim()
+            ticks = [t for t in ax.get_xticks() if low <= t <= high]
+            assert ticks and all(float(t).is_integer() for t in ticks), ticks
+            assert {1, 2, 3} <= set(ticks)
+
+
+def test_log_axes_label_at_least_three_values():
+    for low, high in ((0.3, 2.0), (0.8, 1.2), (0.05, 40.0), (1e-3, 1e3)):
+        ticks = _log_ticks(low, high).tick_values(low, high)
+        assert len([t for t in ticks if low <= t <= high]) >= 3, (low, high, ticks)
+    rows = [{"step": i + 1, "policy/grad_norm": 0.4 + 0.05 * i} for i in range(30)]
+    fig = draw_comparison([RunSeries("g", "#1f77b4", rows, detect_phases(rows), [])])
+    (ax,) = [a for a in fig.axes if a.get_title() == "Gradient norm"]
+    fig.canvas.draw()
+    low, high = ax.get_ylim()
+    labels = [
+        t.get_text()
+        for t, v in zip(ax.get_yticklabels(), ax.get_yticks(), strict=True)
+        if low <= v <= high
+    ]
+    assert len([t for t in labels if t]) >= 3, labels
+
+
+def test_training_em_is_drawn_above_the_reward_or_left_out():
+    base = synthetic_rows("healthy", seed=4, steps=40)
+    same = [{**r, "reward/em": r["reward/mean"] + 1e-8} for r in base]  # float32 noise
+    differs = [{**r, "reward/em": max(0.0, r["reward/mean"] - 0.1)} for r in base]
+    for rows, drawn in ((same, False), (differs, True)):
+        run = RunSeries("r", "#d62728", rows, detect_phases(rows), [])
+        (ax,) = [a for a in draw_comparison([run]).axes if a.get_title().startswith("Reward")]
+        reward_z = max(ln.get_zorder() for ln in ax.get_lines() if ln.get_linestyle() == "-")
+        em = [ln for ln in ax.get_lines() if ln.get_linestyle() != "-"]
+        assert bool(em) == drawn
+        if drawn:
+            assert all(ln.get_zorder() > reward_z for ln in em)
+            assert "dotted: EM" in ax.get_title()
+        else:
+            assert "EM = reward" in ax.get_title()
+
+
+# --- the displacement panels draw the paper's quantity ------------------------------------------
+
+
+def _with_neg(rows):
+    """Rows as the trainer logs them now: `lld/disp_neg` next to `lld/disp_pos`."""
+    return [{**r, "lld/disp_neg": -3.0 - 0.01 * r["step"]} for r in rows]
+
+
+def _axis(fig, ylabel):
+    (ax,) = [a for a in fig.axes if a.get_ylabel() == ylabel]
+    return ax
+
+
+def _curves(ax, color):
+    """(linestyle, x, y) of the lines of one run's colour (raw and smoothed)."""
+    return [
+        (ln.get_linestyle(), list(ln.get_xdata()), list(ln.get_ydata()))
+        for ln in ax.get_lines()
+        if ln.get_color() == color
+    ]
+
+
+def _raw(rows, key):
+    return [float(r["step"]) for r in rows], [r[key] for r in rows]
+
+
+def test_displacement_panel_draws_the_logged_disp_pos_and_disp_neg():
+    rows = _with_neg(synthetic_rows("steady_decay", seed=5, steps=80, displacement=True))
+    run = RunSeries("new", "#1f77b4", rows, detect_phases(rows), [])
+    fig = draw_comparison([run], PhaseConfig(pos_fell_frac=0.4))
+    upper, lower = _axis(fig, "advantage > 0"), _axis(fig, "advantage < 0")
+    for ax, key in ((upper, "lld/disp_pos"), (lower, "lld/disp_neg")):
+        xs, ys = _raw(rows, key)
+        drawn = _curves(ax, "#1f77b4")
+        assert ("-", xs, ys) in drawn  # the faint raw values are exactly the logged ones
+        assert ("-", xs, moving_average(ys, smoothing_width(len(ys)))) in drawn
+        assert all(style == "-" for style, _, _ in drawn)
+        assert [0.0, 0.0] in [list(ln.get_ydata()) for ln in ax.get_lines()]  # the zero line
+    correct = _raw(rows, "lld/disp_correct")[1]
+    assert all(y != correct for _, _, y in _curves(upper, "#1f77b4"))
+    assert upper.get_title() == (
+        "Likelihood displacement per update\n(log-prob change, nats per response)"
+    )
+    assert lower.get_title() == "" and upper.get_shared_x_axes().joined(upper, lower)
+    fell = _axis(fig, "share of advantage > 0")
+    assert ("-", *_raw(rows, "lld/frac_pos_fell")) in _curves(fell, "#1f77b4")
+    assert [0.4, 0.4] in [list(ln.get_ydata()) for ln in fell.get_lines()]  # the threshold
+
+
+def test_displacement_panel_falls_back_to_correctness_for_older_logs():
+    old_rows = synthetic_rows("healthy", seed=6, steps=40)  # no lld/disp_pos, as older logs
+    new_rows = _with_neg(synthetic_rows("healthy", seed=7, steps=40, displacement=True))
+    old = RunSeries("old", "#d62728", old_rows, detect_phases(old_rows), [])
+    new = RunSeries("new", "#1f77b4", new_rows, detect_phases(new_rows), [])
+    fig = draw_comparison([old])
+    upper, lower = _axis(fig, "correct"), _axis(fig, "incorrect")
+    for ax, key in ((upper, "lld/disp_correct"), (lower, "lld/disp_incorrect")):
+        assert ("--", *_raw(old_rows, key)) in _curves(ax, "#d62728")
+    assert upper.get_title().endswith("(nats per response; dashed: by correctness)")
+    assert ("--", *_raw(old_rows, "lld/frac_correct_fell")) in _curves(
+        _axis(fig, "share of correct responses"), "#d62728"
+    )
+    # side by side: the new run solid with its disp_pos, the old one dashed with disp_correct
+    mixed = draw_comparison([new, old])
+    upper = _axis(mixed, "advantage > 0")
+    assert ("-", *_raw(new_rows, "lld/disp_pos")) in _curves(upper, "#1f77b4")
+    assert ("--", *_raw(old_rows, "lld/disp_correct")) in _curves(upper, "#d62728")
+    assert "dashed: by correctness" in upper.get_title()
+
+
+def test_curves_caption_names_the_metrics_drawn():
+    old_rows = synthetic_rows("healthy", seed=6, steps=40)
+    new_rows = _with_neg(synthetic_rows("healthy", seed=7, steps=40, displacement=True))
+    old = RunSeries("old", "#d62728", old_rows, detect_phases(old_rows), [])
+    new = RunSeries("new", "#1f77b4", new_rows, detect_phases(new_rows), [])
+    cfg = AlarmConfig(phase=PhaseConfig(pos_fell_frac=0.4, disp_window=25))
+
+    text = curves_caption([new], cfg)
+    assert "Upper axis: <code>lld/disp_pos</code>, responses with advantage &gt; 0." in text
+    assert "Lower axis, on its own scale: <code>lld/disp_neg</code>, advantage &lt; 0." in text
+    assert "the grey line at 0.4 is the detector's threshold for the 25-step" in text
+    assert "disp_correct" not in text and "dashed" not in text
+
+    text = curves_caption([old], cfg)
+    assert (
+        "Upper axis: <code>lld/disp_correct</code>, correct responses (dashed), since no run "
+        "logged <code>lld/disp_pos</code>."
+    ) in text
+    assert "<code>lld/disp_incorrect</code>, incorrect responses (dashed)" in text
+    assert "all correct, which GRPO does not push" in text
+
+    text = curves_caption([new, old], cfg)
+    assert (
+        "Upper axis: <code>lld/disp_pos</code>, responses with advantage &gt; 0 (solid); for "
+        "<b>old</b>, whose log has no <code>lld/disp_pos</code>, <code>lld/disp_correct</code>"
+    ) in text
+
+
+def test_report_caption_says_when_the_displacement_falls_back(written):
+    curves = written.read_text(encoding="utf-8").split("<h2>Training curves</h2>")[1]
+    caption = curves.split("<img")[0]
+    # the fixture runs are written without the paper's displacement, as older logs are
+    assert "since no run logged <code>lld/disp_pos</code>" in caption

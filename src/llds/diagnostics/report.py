@@ -1,9 +1,11 @@
 """Run report: one self-contained HTML page comparing training runs.
 
-Reads each run's `metrics.jsonl` (and its newest `eval/step_N.json` when present), recomputes
-phases and alarms with the same detector the trainer uses, and writes `report.html` (figures
-embedded as base64) plus the PNGs and a machine-readable `report.json` next to it. Every file is
-written atomically.
+Reads each run's `metrics.jsonl`, its evaluations (`eval/step_N.json`) and its saved config,
+recomputes phases and alarms with the same detector the trainer uses, and writes `report.html`
+(figures embedded as base64) plus the PNGs and a machine-readable `report.json` next to it. The
+page explains what it shows (LLD, the phases, the alarms), lists the settings that tell the runs
+apart and plots held-out EM against the EM the runs started from. Every file is written
+atomically.
 """
 
 from __future__ import annotations
@@ -27,10 +29,27 @@ from llds.diagnostics.plots import (
     SEVERITY_COLORS,
     RunSeries,
     comparison_figure,
+    heldout_figure,
     run_detail_figure,
     timeline_figure,
 )
+from llds.diagnostics.report_text import (
+    curves_caption,
+    detail_caption,
+    differences_line,
+    heldout_caption,
+    how_to_read,
+)
 from llds.diagnostics.robust import as_float, median
+from llds.diagnostics.run_info import (
+    HeldOut,
+    differing_keys,
+    flatten,
+    format_setting,
+    held_out,
+    load_config,
+    settings_rows,
+)
 from llds.errors import DataFormatError, UserInputError
 from llds.io import atomic_write, write_json
 from llds.train.eval_result import EvalResult, latest_eval_file
@@ -50,6 +69,10 @@ class RunData:
     phases: list[PhaseLabel]
     alarms: list[Alarm]
     eval: EvalResult | None
+    config: dict[str, Any] | None = None
+    """the training config the run saved (None: none found)"""
+    held_out: HeldOut | None = None
+    """held-out EM by step and the starting EM"""
 
 
 def load_eval(run_dir: Path) -> EvalResult | None:
@@ -78,7 +101,18 @@ def load_run(run_dir: str | Path, label: str, config: AlarmConfig | None = None)
         monitor.update(row)
         assert monitor.label is not None
         phases.append(monitor.label)
-    return RunData(label, path, rows, phases, monitor.alarms, load_eval(path))
+    config = load_config(path)
+    last = phases[-1].step if phases else 0
+    return RunData(
+        label,
+        path,
+        rows,
+        phases,
+        monitor.alarms,
+        load_eval(path),
+        config,
+        held_out(path, config, last),
+    )
 
 
 def default_labels(run_dirs: Sequence[Path]) -> list[str]:
@@ -97,6 +131,8 @@ def summarize(run: RunData) -> dict[str, Any]:
     serious = [a for a in run.alarms if a.severity != "info"]
     collapse = next((p.step for p in run.phases if p.phase == "collapse"), None)
     overall = run.eval.overall if run.eval is not None else None
+    ho = run.held_out
+    start = ho.baseline if ho is not None else None
     return {
         "label": run.label,
         "run_dir": str(run.path),
@@ -105,6 +141,11 @@ def summarize(run: RunData) -> dict[str, Any]:
         "peak_reward": max(levels) if levels else None,
         "eval_em": overall.em if overall is not None and overall.n else None,
         "eval_n": overall.n if overall is not None else None,
+        "start_em": start.em if start is not None else None,
+        "start_em_from": str(start.source) if start is not None else None,
+        "held_out": [
+            {"step": p.step, "em": p.em, "n": p.n} for p in (ho.points if ho is not None else ())
+        ],
         "first_alarm_step": serious[0].step if serious else None,
         "first_alarm_kind": serious[0].kind if serious else None,
         "last_phase": run.phases[-1].phase if run.phases else None,
@@ -121,7 +162,8 @@ def _num(x: Any, digits: int = 3) -> str:
 def _summary_table(summaries: Sequence[dict[str, Any]], colors: Sequence[str]) -> str:
     head = (
         "<tr><th>run</th><th>steps</th><th>final reward<br><small>mean of last 10</small></th>"
-        "<th>peak reward<br><small>5-step median</small></th><th>eval EM</th>"
+        "<th>peak reward<br><small>5-step median</small></th>"
+        "<th>held-out EM<br><small>start &rarr; latest</small></th>"
         "<th>first alarm</th><th>phase at last step</th><th>collapsed</th></tr>"
     )
     body = []
@@ -138,6 +180,8 @@ def _summary_table(summaries: Sequence[dict[str, Any]], colors: Sequence[str]) -
             else '<span class="good">no</span>'
         )
         em = _num(s["eval_em"]) + (f" <small>(n={s['eval_n']})</small>" if s["eval_n"] else "")
+        if s["start_em"] is not None:
+            em = f"{_num(s['start_em'])} &rarr; {em}"
         body.append(
             f'<tr><td><span class="swatch" style="background:{color}"></span>'
             f"<b>{html.escape(s['label'])}</b></td><td>{s['steps']}</td>"
@@ -162,6 +206,36 @@ def _alarm_table(run: RunData) -> str:
         "<table class='alarms'><tr><th>step</th><th>kind</th><th>severity</th>"
         f"<th>message</th></tr>{rows}</table>"
     )
+
+
+def _setting_cell(flat: dict[str, Any] | None, key: str) -> str:
+    if flat is None or key not in flat:
+        return "<td class='muted'>&mdash;</td>"
+    return f"<td>{html.escape(format_setting(flat[key]))}</td>"
+
+
+def _settings_table(runs: Sequence[RunData], colors: Sequence[str]) -> str:
+    """Each run's key settings side by side; rows whose value differs across runs are marked,
+    since those are what the comparison is about."""
+    configs = [r.config for r in runs]
+    rows = settings_rows(configs)
+    if not rows:
+        return (
+            "<p class='muted'>No run saved a config (<code>RUN/config.yaml</code> or a "
+            "checkpoint's <code>trainer_state.json</code>), so their settings are unknown.</p>"
+        )
+    flat = [flatten(c) if c is not None else None for c in configs]
+    head = "<tr><th>setting</th>" + "".join(
+        f'<th><span class="swatch" style="background:{c}"></span>{html.escape(r.label)}</th>'
+        for r, c in zip(runs, colors, strict=True)
+    )
+    body = []
+    for key, name, differs in rows:
+        label = html.escape(name) if name == key else f"{html.escape(name)} <code>{key}</code>"
+        cells = "".join(_setting_cell(f, key) for f in flat)
+        mark = " class='differs'" if differs else ""
+        body.append(f"<tr{mark}><td>{label}</td>{cells}</tr>")
+    return f"<table class='settings'>{head}</tr>{''.join(body)}</table>"
 
 
 def _phase_spans_text(run: RunData) -> str:
@@ -189,19 +263,15 @@ th{background:#f5f5f5}img{max-width:100%;display:block;margin:8px 0}
 .phase{padding:1px 6px;border-radius:3px}.bad{color:#c51b1b;font-weight:bold}
 .good{color:#2a7a2a;font-weight:bold}.muted{color:#666;font-size:13px}
 table.alarms td:last-child{max-width:900px}
-dl{font-size:14px}dt{font-weight:bold;margin-top:6px}dd{margin-left:18px}
-"""
-
-_LEGEND = """
-<dl>
-<dt>warm-up</dt><dd>too few steps to judge trends.</dd>
-<dt>healthy</dt><dd>no sign of lazy likelihood displacement.</dd>
-<dt>stagnation</dt><dd>correct-response log-likelihood flat while reward rises.</dd>
-<dt>steady decay</dt><dd>correct-response log-likelihood falling for several steps while
-reward still rises or holds: the early warning of collapse.</dd>
-<dt>collapse</dt><dd>sharp likelihood drop and/or entropy, gradient-norm or likelihood-ratio
-spikes, with reward falling.</dd>
-</dl>
+dl{font-size:14px;margin:4px 0}dt{font-weight:bold;margin-top:6px}dd{margin-left:18px}
+.explain{max-width:980px;font-size:14px;line-height:1.45;background:#fafafa;
+border:1px solid #e4e4e4;border-radius:4px;padding:4px 16px;margin:14px 0}
+.explain summary{cursor:pointer;padding:6px 0;font-size:15px}
+.explain dl{display:grid;grid-template-columns:max-content 1fr;gap:3px 14px}
+.explain dt{margin:0}.explain dd{margin:0}
+code{font-size:12.5px;background:#f0f0f0;padding:0 3px;border-radius:2px}
+tr.differs td{background:#fff4c2;font-weight:bold}code.diff{background:#fff4c2}
+table.settings td:first-child code{color:#666;font-weight:normal}
 """
 
 
@@ -225,14 +295,17 @@ def write_report(
     runs = [load_run(d, name, config) for d, name in zip(dirs, names, strict=True)]
     colors = [RUN_COLORS[i % len(RUN_COLORS)] for i in range(len(runs))]
     series = [
-        RunSeries(r.label, c, r.rows, r.phases, r.alarms) for r, c in zip(runs, colors, strict=True)
+        RunSeries(r.label, c, r.rows, r.phases, r.alarms, r.held_out)
+        for r, c in zip(runs, colors, strict=True)
     ]
+    cfg = config or AlarmConfig()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
     figures: list[tuple[str, bytes, str]] = [
         ("timeline.png", timeline_figure(series), "phases and alarms per run"),
-        ("compare.png", comparison_figure(series), "metrics of all runs"),
+        ("heldout.png", heldout_figure(series), "held-out exact match per run"),
+        ("compare.png", comparison_figure(series, cfg.phase), "metrics of all runs"),
     ]
     details = []
     for i, s in enumerate(series):
@@ -248,8 +321,8 @@ def write_report(
     per_run = "".join(
         f"<h3 style='color:{c}'>{html.escape(r.label)} "
         f"<small class='muted'>{html.escape(str(r.path))}</small></h3>"
-        f"{imgs[d]}{_phase_spans_text(r)}{_alarm_table(r)}"
-        for r, c, d in zip(runs, colors, details, strict=True)
+        f"{imgs[d]}{detail_caption(s)}{_phase_spans_text(r)}{_alarm_table(r)}"
+        for r, s, c, d in zip(runs, series, colors, details, strict=True)
     )
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     page = (
@@ -259,12 +332,13 @@ def write_report(
         "<h1>llds run report</h1>"
         f"<p class='muted'>{len(runs)} run(s), generated {stamp}. Phases and alarms are "
         "recomputed from metrics.jsonl with the same detector the trainer runs online.</p>"
+        f"{how_to_read(cfg)}"
         f"<h2>Summary</h2>{_summary_table(summaries, colors)}"
-        f"<h2>Phases and alarms</h2>{imgs['timeline.png']}{_LEGEND}"
-        "<h2>Training curves</h2><p class='muted'>Faint: raw per-step values; bold: light "
-        "moving average. Coloured strips at the bottom of each panel: non-healthy phases "
-        "(one strip per run, in run order); dotted lines: alarms.</p>"
-        f"{imgs['compare.png']}"
+        f"<h2>Settings</h2>{differences_line(names, [r.config for r in runs])}"
+        f"{_settings_table(runs, colors)}"
+        f"<h2>Held-out exact match</h2>{imgs['heldout.png']}{heldout_caption(series)}"
+        f"<h2>Phases and alarms</h2>{imgs['timeline.png']}"
+        f"<h2>Training curves</h2>{curves_caption(series, cfg)}{imgs['compare.png']}"
         f"<h2>Runs</h2>{per_run}</body></html>"
     )
     write_json(
@@ -273,7 +347,8 @@ def write_report(
             "runs": [
                 {**s, "alarms": [a.to_dict() for a in r.alarms]}
                 for s, r in zip(summaries, runs, strict=True)
-            ]
+            ],
+            "differing_settings": differing_keys([r.config for r in runs]),
         },
     )
     path = out / REPORT_FILE

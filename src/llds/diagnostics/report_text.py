@@ -1,0 +1,272 @@
+"""The words of `llds report`: what LLD is, how the detector reads it, and captions that describe
+only what a figure actually draws.
+
+The numbers quoted (window lengths, thresholds) come from the `AlarmConfig` the report was
+computed with, so the explanation stays true when a user changes them.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from llds import metrics as keys
+from llds.diagnostics.alarms import AlarmConfig
+from llds.diagnostics.plots import (
+    DISPLACEMENT,
+    POS_FELL,
+    Panel,
+    RunSeries,
+    fallback_runs,
+    has_alarm_lines,
+    has_phase_strips,
+    shared_baseline,
+    shows_training_em,
+)
+from llds.diagnostics.run_info import HeldOut, differing_keys, flatten, format_setting
+
+
+def _code(name: str) -> str:
+    return f"<code>{html.escape(name)}</code>"
+
+
+def _lld_text() -> str:
+    """What lazy likelihood displacement is and which logged numbers measure it."""
+    return (
+        "<p><b>Lazy likelihood displacement (LLD).</b> GRPO raises the likelihood of responses "
+        "with a positive advantage (the correct answers of a group that also has wrong ones) and "
+        "lowers the likelihood of those with a negative advantage. Right and wrong responses to "
+        "the same question share most of their tokens and states (the format, the search calls, "
+        "the retrieved passages), so pushing the wrong ones down can drag the right ones down "
+        "too: the responses GRPO is reinforcing end up <i>less</i> likely after the update, or "
+        "barely move. The paper (Deng et al., arXiv 2512.04220) calls this lazy likelihood "
+        "displacement.</p>"
+        "<p><b>How it is measured.</b> After each step's updates the trainer scores that step's "
+        "rollouts again and takes, per response, the change of its log-likelihood summed over "
+        "the tokens the model wrote (retrieved text is not counted): log &pi;<sub>after</sub> "
+        "&minus; log &pi;<sub>before</sub>. "
+        "Only groups with both right and wrong answers take part (in the others every "
+        f"advantage is zero). {_code(keys.DISP_POS)} is the mean change over responses with "
+        f"advantage &gt; 0, in nats per response; {_code(keys.FRAC_POS_FELL)} is the share of "
+        f"them whose likelihood did not rise; {_code(keys.DISP_NEG)} is the mean change over "
+        "responses with advantage &lt; 0. Under <i>Training curves</i>, the panel "
+        "<i>Likelihood displacement per update</i> draws "
+        f"{_code(keys.DISP_POS)} on its upper axis, with a zero line: below it, the update made "
+        "the responses it reinforces less likely. Its lower axis draws "
+        f"{_code(keys.DISP_NEG)} on a scale of its own, since the pushed-down responses "
+        "typically lose several nats while the reinforced ones gain tenths of one. The panel "
+        "<i>Reinforced responses whose likelihood fell</i> draws "
+        f"{_code(keys.FRAC_POS_FELL)}. Logs written before these metrics existed have only the "
+        f"change by correctness ({_code(keys.DISP_CORRECT)}, {_code(keys.DISP_INCORRECT)}, "
+        f"{_code(keys.FRAC_CORRECT_FELL)}); the panels then draw those, dashed, and the caption "
+        "says so. They also count groups whose responses are all correct, which GRPO does not "
+        "push.</p>"
+        "<p><b>Why it matters.</b> In the paper, a sustained fall of the correct responses' "
+        "likelihood while the training reward is still rising comes before the collapse: a "
+        "less confident policy gets larger gradients, which displace the likelihood further, "
+        "until entropy, gradient norm and likelihood ratios spike and the reward falls to zero "
+        "(the &ldquo;death spiral&rdquo;). The reward reacts last, so the displacement is the "
+        "early warning. The LLDS regularizer penalizes likelihood decreases of responses with "
+        "non-negative advantage, only in the units (<code>algo.llds.gate</code>: token, action "
+        "or response) whose likelihood fell.</p>"
+    )
+
+
+def _phase_text(cfg: AlarmConfig) -> str:
+    """The detector's phases, with the thresholds it runs with."""
+    p = cfg.phase
+    below = "negative" if p.disp_fall == 0 else f"below {-p.disp_fall:g}"
+    falling = (
+        f"the {p.disp_window}-step rolling median of {_code(keys.DISP_POS)} is {below} and the "
+        f"median of {_code(keys.FRAC_POS_FELL)} is at least {p.pos_fell_frac:g}"
+    )
+    return (
+        "<p><b>Phases</b> (recomputed here from <code>metrics.jsonl</code> with the detector "
+        "the trainer runs online; each step's label uses only the steps up to it):</p><dl>"
+        f"<dt>warm-up</dt><dd>the first {p.window} steps: too few to judge a trend.</dd>"
+        "<dt>healthy</dt><dd>none of the below.</dd>"
+        "<dt>stagnation</dt><dd>the reward trend over the last "
+        f"{p.stagnation_window} steps rises while the displaced likelihood of the responses "
+        f"GRPO pushes up stays near zero (|rolling median of {_code(keys.DISP_POS)}| &le; "
+        f"{p.disp_flat:g} nats): learning without the likelihood following.</dd>"
+        f"<dt>steady decay</dt><dd>for at least {p.decay_steps} steps in a row, {falling}: "
+        "the responses being reinforced keep losing likelihood. This is the early warning; "
+        "the reward may still rise.</dd>"
+        "<dt>collapse</dt><dd>two signals at once among entropy, gradient-norm and "
+        "likelihood-ratio spikes and a sharp likelihood drop; or one of them with steady decay "
+        "or the smoothed reward at most "
+        f"{1 - p.reward_drop_frac:g}&times; its peak; or the reward staying that low for "
+        f"{p.reward_drop_steps} steps. A run leaves it after {p.recovery_steps} calm steps.</dd>"
+        "</dl><p class='muted'>Logs without the displacement metrics fall back to the trend of "
+        f"the correct responses' rollout-time likelihood ({_code(keys.LOGP_CORRECT)}).</p>"
+    )
+
+
+def _alarm_text(cfg: AlarmConfig) -> str:
+    """What each alarm kind means and which ones can stop or roll back a run."""
+    p = cfg.phase
+    return (
+        "<p><b>Alarms</b> fire once when a condition starts and again only after it has been "
+        f"quiet for {cfg.rearm_steps} steps.</p><dl>"
+        "<dt>displacement_decay <small>(critical)</small></dt><dd>steady decay measured "
+        f"from {_code(keys.DISP_POS)}.</dd>"
+        "<dt>likelihood_decay <small>(warning)</small></dt><dd>steady decay read from the "
+        "rollout-time likelihood, for logs without the displacement.</dd>"
+        "<dt>collapse <small>(critical)</small></dt><dd>the run entered the collapse phase.</dd>"
+        "<dt>reward_collapse <small>(critical)</small></dt><dd>the smoothed reward stayed at "
+        f"most {1 - p.reward_drop_frac:g}&times; its peak for {p.reward_drop_steps} steps.</dd>"
+        "<dt>entropy_spike, grad_norm_spike, ratio_spike <small>(warning)</small></dt><dd>a "
+        f"value at least {p.spike_min_ratio:g}&times; its median over the previous "
+        f"{p.baseline_window} steps and {p.spike_z:g} robust standard deviations above it.</dd>"
+        "<dt>stagnation <small>(info)</small></dt><dd>"
+        f"{cfg.stagnation_steps} stagnation steps in a row.</dd>"
+        "<dt>nonfinite <small>(warning)</small></dt><dd>optimizer updates were skipped for a "
+        "non-finite loss or gradient.</dd></dl>"
+        "<p class='muted'>The first four can stop or roll back a run "
+        "(<code>diagnostics.on_alarm: stop</code> or <code>rollback</code>); the others only "
+        "warn, since they also occur in healthy runs.</p>"
+    )
+
+
+def how_to_read(cfg: AlarmConfig) -> str:
+    """The explanatory section placed at the top of the report (open by default)."""
+    return (
+        "<details open class='explain'><summary><b>How to read this report</b></summary>"
+        f"{_lld_text()}{_phase_text(cfg)}{_alarm_text(cfg)}</details>"
+    )
+
+
+def _axis_text(runs: Sequence[RunSeries], panel: Panel, pos: str, fb: str) -> str:
+    """What one displacement axis draws: `panel.key` (for the responses `pos`), its fallback
+    (for the responses `fb`, dashed) for the runs whose log lacks it, or both."""
+    assert panel.fallback is not None
+    old = fallback_runs(runs, panel)
+    if not old:
+        return f"{_code(panel.key)}, {pos}"
+    if len(old) == len(runs):
+        return f"{_code(panel.fallback)}, {fb} (dashed), since no run logged {_code(panel.key)}"
+    names = ", ".join(f"<b>{html.escape(run.label)}</b>" for run in old)
+    return (
+        f"{_code(panel.key)}, {pos} (solid); for {names}, whose log has no "
+        f"{_code(panel.key)}, {_code(panel.fallback)}, {fb} (dashed)"
+    )
+
+
+def displacement_caption(runs: Sequence[RunSeries], cfg: AlarmConfig) -> str:
+    """The sentences on the two displacement panels, naming the metric each axis draws."""
+    assert DISPLACEMENT.below is not None
+    upper = _axis_text(runs, DISPLACEMENT, "responses with advantage &gt; 0", "correct responses")
+    lower = _axis_text(runs, DISPLACEMENT.below, "advantage &lt; 0", "incorrect responses")
+    fell = _axis_text(
+        runs,
+        POS_FELL,
+        "the share of the responses with advantage &gt; 0 whose likelihood did not rise",
+        "the same share among correct responses",
+    )
+    p = cfg.phase
+    text = (
+        "<i>Likelihood displacement per update</i>: the change of a response's log-likelihood "
+        "over the step's updates (summed over its tokens, in nats), averaged over responses. "
+        f"Upper axis: {upper}. Lower axis, on its own scale: {lower}. Grey lines at zero: below "
+        "them the update made those responses less likely. "
+        f"<i>Reinforced responses whose likelihood fell</i>: {fell}; the grey line at "
+        f"{p.pos_fell_frac:g} is the detector's threshold for the {p.disp_window}-step rolling "
+        f"median of {_code(keys.FRAC_POS_FELL)}."
+    )
+    if any(fallback_runs(runs, panel) for panel in (DISPLACEMENT, DISPLACEMENT.below, POS_FELL)):
+        text += (
+            " The by-correctness metrics also count groups whose responses are all correct, "
+            "which GRPO does not push."
+        )
+    return text
+
+
+def curves_caption(runs: Sequence[RunSeries], cfg: AlarmConfig | None = None) -> str:
+    """Caption of the training curves naming only the marks that are drawn."""
+    parts = ["Faint: raw per-step values; bold: light moving average."]
+    if shows_training_em(runs):
+        parts.append(
+            "Reward panel: the dotted line with white gaps is the exact match of the training "
+            "rollouts, drawn above the reward."
+        )
+    parts.append(displacement_caption(runs, cfg or AlarmConfig()))
+    if has_phase_strips(runs):
+        parts.append(
+            "Coloured strips along the bottom of each panel: steps in stagnation, steady decay "
+            "or collapse (one strip per run, in run order)."
+        )
+    if has_alarm_lines(runs):
+        parts.append("Dotted vertical lines: warning and critical alarms, in the run's colour.")
+    else:
+        parts.append("No warning or critical alarm was raised, so no alarm lines are drawn.")
+    return f"<p class='muted'>{' '.join(parts)}</p>"
+
+
+def detail_caption(run: RunSeries) -> str:
+    """Caption of one run's detail figure."""
+    text = "Background: the phase of every step (colours as in the timeline)."
+    if has_alarm_lines([run]):
+        text += " Dotted lines: alarms, labelled with their kinds."
+    return f"<p class='muted'>{text}</p>"
+
+
+def _start_text(held: HeldOut) -> str:
+    base = held.baseline
+    if base is None:
+        return "starting EM unknown (no step-0 or warm-start evaluation)"
+    return (
+        f"started at EM {base.em:.3f}, from the {html.escape(held.baseline_label)} "
+        f"(<code>{html.escape(str(base.source))}</code>)"
+    )
+
+
+def heldout_caption(runs: Sequence[RunSeries]) -> str:
+    """Caption of the held-out EM figure: which steps were evaluated, where the starting EM
+    comes from (once when the runs share it) and which runs have no evaluation."""
+    shared = shared_baseline(runs)
+    parts = []
+    for run in runs:
+        held = run.held_out
+        name = f"<b>{html.escape(run.label)}</b>"
+        if held is None or (not held.points and held.baseline is None):
+            parts.append(f"{name}: no evaluation found")
+            continue
+        steps = [str(p.step) for p in sorted(held.points, key=lambda p: p.step)]
+        word = "step" if len(steps) == 1 else "steps"
+        text = (
+            f"{name}: evaluated after {word} {', '.join(steps)}"
+            if steps
+            else f"{name}: only its starting EM"
+        )
+        parts.append(text if shared else f"{text}; {_start_text(held)}")
+    intro = "Greedy exact match on held-out questions (<code>RUN/eval/step_N.json</code>)."
+    if shared:
+        first = runs[0].held_out
+        assert first is not None
+        who = "every run" if len(runs) > 1 else "the run"
+        intro += f" Dashed line: where {who} {_start_text(first)}."
+    elif any(run.held_out and run.held_out.baseline for run in runs):
+        intro += " Dashed lines: the EM each run started from."
+    return f"<p class='muted'>{intro} {'. '.join(parts)}.</p>"
+
+
+def differences_line(labels: Sequence[str], configs: Sequence[Mapping[str, Any] | None]) -> str:
+    """One sentence saying how the runs' saved configs differ (or that they cannot be told)."""
+    missing = [lab for lab, c in zip(labels, configs, strict=True) if c is None]
+    note = f" No saved config for {', '.join(html.escape(m) for m in missing)}." if missing else ""
+    known = [(lab, flatten(c)) for lab, c in zip(labels, configs, strict=True) if c is not None]
+    if len(known) < 2:
+        return f"<p>Settings of each run, from its saved config.{note}</p>"
+    differ = differing_keys([c for c in configs if c is not None])
+    if not differ:
+        return f"<p><b>The runs' saved configs are identical</b> (apart from run_dir).{note}</p>"
+    items = [
+        f"<code class='diff'>{html.escape(k)}</code> ("
+        + " / ".join(
+            f"{html.escape(lab)}: {html.escape(format_setting(f.get(k)))}" for lab, f in known
+        )
+        + ")"
+        for k in differ
+    ]
+    return f"<p><b>The runs differ in</b> {'; '.join(items)}.{note}</p>"
