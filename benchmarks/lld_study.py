@@ -10,6 +10,10 @@ the detector's thresholds are set on these) and `judge` (0 1 2: judged with froz
     python benchmarks/lld_study.py --demo runs/demo --out runs/lld-study --set tune
     python benchmarks/lld_study.py --demo runs/demo --out runs/lld-study --set judge
     python benchmarks/lld_study.py ... --summarize-only        # tables from what is on disk
+    python benchmarks/lld_study.py --factor similar-names --out runs/lld-study --set judge
+
+`--factor` runs the same recipe on one of the theorem's factors (`FACTORS`): its own world and
+warm start, built once under `OUT/FACTOR/warm` (world, SFT, start EM), runs under `OUT/FACTOR`.
 
 Resumable: a finished run is skipped, an interrupted one resumes from its last checkpoint.
 Runs go `--parallel` at a time (one thread each), through `llds.train.background.start_run`.
@@ -24,6 +28,7 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +52,73 @@ SMOOTH = 10
 DROP = 0.5
 MIN_PEAK = 0.2
 LLD_WINDOW = 50  # steps before the collapse in which LLD is looked for
+
+
+@dataclass(frozen=True)
+class Factor:
+    """One of the theorem's factors: what changes against the organism's world (`WorldConfig`
+    keys) and warm start (`SFTConfig` keys of the `sft-demo` preset); GRPO is the same recipe."""
+
+    why: str
+    world: dict[str, Any] = field(default_factory=dict)
+    sft: dict[str, Any] = field(default_factory=dict)
+
+
+FACTORS: dict[str, Factor] = {
+    "similar-names": Factor(
+        "half of the names are near-duplicates of another (one syllable changed), and names are "
+        "sub-word pieces, not one token each: right and wrong answers share most of their tokens",
+        world={"name_similarity": 0.5},
+        sft={"name_tokens": False},
+    ),
+    "long-chains": Factor(
+        "80% of the questions need 2-3 searches (organism: 50%): correct and incorrect responses "
+        "share their first searches and the passages those return",
+        world={"hop_mix": {1: 0.2, 2: 0.4, 3: 0.4}},
+    ),
+    "larger-model": Factor(
+        "a 6.2M-parameter model (hidden 256, 6 layers; organism: 0.6M, 128 x 2)",
+        sft={"hidden": 256, "layers": 6},
+    ),
+}
+WARM_START_EM = (0.15, 0.75)  # pre-registered range of a usable warm start's held-out EM
+
+
+def build_warm_start(name: str, root: Path, sft_steps: int | None = None) -> Path:
+    """The factor's world and warm start (the demo's recipe with the factor's changes), and its
+    held-out EM, in `root/warm`; what is already there is kept. Returns that folder."""
+    from llds.data.world import WorldConfig, generate_world, write_world
+    from llds.demo import TEMPLATE, evaluate_model
+    from llds.sft import load_sft_config
+    from llds.sft import run as run_sft
+
+    factor, warm = FACTORS[name], root / "warm"
+    if not (warm / "world" / "train.jsonl").is_file():
+        write_world(generate_world(WorldConfig.preset("organism", **factor.world)), warm / "world")
+    (warm / "prompt.txt").write_text(TEMPLATE, encoding="utf-8")
+    if not (warm / "sft" / "model").is_dir():
+        given = {
+            "world": str(warm / "world"),
+            "out": str(warm / "sft"),
+            "prompt_template": str(warm / "prompt.txt"),
+            "seed": 0,
+            "threads": 1,
+            "progress": False,
+            **factor.sft,
+        }
+        if sft_steps is not None:
+            given["steps"] = sft_steps
+        t0 = time.perf_counter()
+        run_sft(load_sft_config("sft-demo", given))
+        print(f"{name}: warm start trained in {time.perf_counter() - t0:.0f} s", flush=True)
+    start = eval_file(warm / "sft", 0)
+    if not start.is_file():
+        evaluate_model(warm / "sft" / "model", warm, start, 120)
+    res = EvalResult.read(start)
+    lo, hi = WARM_START_EM
+    verdict = "usable" if lo <= res.overall.em <= hi else f"outside [{lo}, {hi}]"
+    print(f"{name}: warm start held-out EM {res.overall.em:.3f} ({verdict})", flush=True)
+    return warm
 
 
 def run_dir(out: Path, arm: str, seed: int) -> Path:
@@ -293,6 +365,14 @@ def main() -> None:
     ap.add_argument("--set", choices=sorted(SEED_SETS), default="tune")
     ap.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
     ap.add_argument("--parallel", type=int, default=2)
+    ap.add_argument(
+        "--factor",
+        choices=["organism", *FACTORS],
+        default="organism",
+        help="organism: the demo's warm start (--demo); else the factor's own world and warm "
+        "start, built under OUT/FACTOR/warm",
+    )
+    ap.add_argument("--sft-steps", type=int, help="a factor's warm start: SFT steps (default 1200)")
     ap.add_argument("--summarize-only", action="store_true")
     ap.add_argument(
         "--probe-final",
@@ -301,6 +381,9 @@ def main() -> None:
     )
     args = ap.parse_args()
     seeds = SEED_SETS[args.set]
+    if args.factor != "organism":
+        args.out = args.out / args.factor
+        args.demo = build_warm_start(args.factor, args.out, args.sft_steps)
     if not args.summarize_only:
         if not (args.demo / "sft" / "model").is_dir():
             raise SystemExit(f"{args.demo}: no warm start; run `llds demo --out {args.demo}`")
@@ -318,7 +401,7 @@ def main() -> None:
     start_file = eval_file(args.demo / "sft", 0)
     start = EvalResult.read(start_file).overall.em if start_file.is_file() else None
     print(f"machine: {machine()}")
-    print(f"seed set: {args.set} {seeds}")
+    print(f"factor: {args.factor}; seed set: {args.set} {seeds}")
     warm = args.out / "warm_start_probe" / "probe.json"
     if warm.is_file():
         cells = _probe_cells(json.loads(warm.read_text()))
