@@ -1,6 +1,7 @@
-"""Response log-probs with each distinct prompt run once (`_shared_prompt_logits`) against the
-plain whole-row forward and against a per-row full log-softmax: same values, same gradients,
-and a clean fallback where a shared prompt cache cannot be used."""
+"""Response log-probs with each distinct prompt run once (`_shared_prompt_outputs`) and with the
+LM head on the model-written tokens only, against the plain whole-row forward and against a
+per-row full log-softmax: same values, same gradients, and a clean fallback where a shared
+prompt cache or a split head cannot be used."""
 
 from __future__ import annotations
 
@@ -52,14 +53,16 @@ def _per_row_reference(model, batch: RolloutBatch, temperature: float):
 
 
 def _plain(monkeypatch):
-    monkeypatch.setattr(forward_mod, "_shared_prompt_logits", lambda *a, **k: None)
+    monkeypatch.setattr(forward_mod, "_shared_prompt_outputs", lambda *a, **k: None)
 
 
-def _loss_and_grads(model, batch, temperature=0.8):
-    """A loss touching log-probs and entropy of every real response token, and its gradient."""
+def _loss_and_grads(model, batch, temperature=0.8, actions_only=True):
+    """A loss touching log-probs and entropy of every model-written token, and its gradient."""
     model.zero_grad(set_to_none=True)
-    lp, ent = response_log_probs(model, batch, temperature=temperature, with_entropy=True)
-    real = batch.attention_mask[:, batch.prompt_len :].float()
+    lp, ent = response_log_probs(
+        model, batch, temperature=temperature, with_entropy=True, actions_only=actions_only
+    )
+    real = batch.loss_mask.float()
     weights = torch.linspace(-1.0, 1.0, lp.numel()).view_as(lp)
     loss = (lp * weights * real).sum() + 0.1 * (ent * real).sum()
     loss.backward()
@@ -67,16 +70,16 @@ def _loss_and_grads(model, batch, temperature=0.8):
 
 
 def _spy(monkeypatch) -> list[bool]:
-    """Record whether each `_shared_prompt_logits` call took the shared path."""
+    """Record whether each `_shared_prompt_outputs` call took the shared path."""
     taken: list[bool] = []
-    real = forward_mod._shared_prompt_logits
+    real = forward_mod._shared_prompt_outputs
 
     def spy(*a, **k):
         out = real(*a, **k)
         taken.append(out is not None)
         return out
 
-    monkeypatch.setattr(forward_mod, "_shared_prompt_logits", spy)
+    monkeypatch.setattr(forward_mod, "_shared_prompt_outputs", spy)
     return taken
 
 
@@ -85,7 +88,7 @@ def test_shared_prompt_pass_gives_the_same_log_probs_and_gradients(world_tokeniz
     model.train()
     batch = _batch(len(world_tokenizer), world_tokenizer.pad_token_id)
     assert len(set(batch.attention_mask[:, : batch.prompt_len].sum(-1).tolist())) == 3
-    real = batch.attention_mask[:, batch.prompt_len :].bool()
+    real = batch.loss_mask.bool()
 
     with monkeypatch.context() as m:
         taken = _spy(m)
@@ -109,20 +112,21 @@ def test_shared_prompt_pass_gives_the_same_log_probs_and_gradients(world_tokeniz
 def test_no_grad_micro_batches_match_the_reference(world_tokenizer):
     model = make_tiny_model(world_tokenizer, seed=4).eval()
     batch = _batch(len(world_tokenizer), world_tokenizer.pad_token_id, group=4, seed=1)
-    real = batch.attention_mask[:, batch.prompt_len :].bool()
+    real = batch.loss_mask.bool()
     with torch.no_grad():
         ref_lp, ref_ent = _per_row_reference(model, batch, 1.0)
     for budget in (60, 10**6):  # a few rows per micro-batch, and all rows at once
         lp, ent = batched_log_probs(model, batch, budget, with_entropy=True)
         assert torch.allclose(lp[real], ref_lp[real], atol=1e-5)
         assert torch.allclose(ent[real], ref_ent[real], atol=1e-5)
+        assert not lp[~real].any() and not ent[~real].any()  # context columns: no head, 0
 
 
 def test_gradient_checkpointing_falls_back_to_the_plain_pass(world_tokenizer, monkeypatch):
     model = make_tiny_model(world_tokenizer, seed=5)
     batch = _batch(len(world_tokenizer), world_tokenizer.pad_token_id)
     model.train()
-    _, _, grads0 = _loss_and_grads(model, batch)
+    _, _, grads0 = _loss_and_grads(model, batch, actions_only=False)
     model.gradient_checkpointing_enable()
     taken = _spy(monkeypatch)
     _, _, grads = _loss_and_grads(model, batch)
@@ -183,3 +187,51 @@ def test_pooled_response_hidden_matches_rows_run_alone(world_tokenizer) -> None:
         action = batch.loss_mask[i, :n].bool()
         want = hidden[n_prompt:][action].mean(0)
         assert torch.allclose(got[i], want, atol=1e-4), i
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_head_on_written_tokens_only_matches_the_full_head(world_tokenizer, monkeypatch, shared):
+    """The same log-probs, entropies and gradients as the LM head over every response column
+    (`actions_only=False`), zeros on the columns the model did not write, and a head call that
+    sees exactly the written tokens."""
+    model = make_tiny_model(world_tokenizer, seed=7)
+    model.train()
+    batch = _batch(len(world_tokenizer), world_tokenizer.pad_token_id)
+    written = batch.loss_mask.bool()
+    context = batch.attention_mask[:, batch.prompt_len :].bool() & ~written
+    assert context.any()  # the batch has observation tokens the head can skip
+    if not shared:
+        _plain(monkeypatch)
+    rows_seen: list[int] = []
+    hook = model.get_output_embeddings().register_forward_hook(
+        lambda mod, args, out: rows_seen.append(args[0].shape[0])
+    )
+    lp, ent, grads = _loss_and_grads(model, batch)
+    hook.remove()
+    lp0, ent0, grads0 = _loss_and_grads(model, batch, actions_only=False)
+    assert rows_seen == [int(written.sum())]
+    assert torch.allclose(lp[written], lp0[written], atol=1e-5)
+    assert torch.allclose(ent[written], ent0[written], atol=1e-5)
+    assert not lp[~written].any() and not ent[~written].any()
+    assert lp0[context].abs().sum() > 0  # the full head did compute them
+    for g, g0 in zip(grads, grads0, strict=True):
+        assert torch.allclose(g, g0, rtol=1e-4, atol=1e-6)
+
+
+def test_split_lm_head_only_for_a_plain_linear_head(world_tokenizer) -> None:
+    """The split needs a backbone without a head of its own and a linear head; a peft model is
+    unwrapped to its base model, whose layers carry the adapters."""
+    from peft import LoraConfig, get_peft_model
+
+    from llds.train.forward import split_lm_head
+
+    model = make_tiny_model(world_tokenizer, seed=8)
+    backbone, head = split_lm_head(model)
+    assert backbone is model.model and head is model.lm_head
+    model.config.final_logit_softcapping = 30.0  # logits are no longer a linear map
+    assert split_lm_head(model) is None
+    del model.config.final_logit_softcapping
+    assert split_lm_head(_Wrapped(model)) is None  # no head to split off
+    peft_model = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"]))
+    backbone, _ = split_lm_head(peft_model)
+    assert any("lora_A" in name for name, _ in backbone.named_parameters())

@@ -34,8 +34,9 @@ def _batch(tok) -> RolloutBatch:
 
 
 def _logp(model, batch) -> torch.Tensor:
+    """Log-probs of the model-written tokens (0 elsewhere: the head may skip those columns)."""
     with torch.no_grad():
-        return response_log_probs(model, batch)[0]
+        return response_log_probs(model, batch)[0] * batch.loss_mask
 
 
 def _trainer(tmp_path, world, tok, retriever, extra=()):

@@ -18,40 +18,80 @@ def response_log_probs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     share_prompts: bool = True,
+    actions_only: bool = True,
 ) -> tuple[Tensor, Tensor | None]:
-    """`log pi(y_t | context)` for every response column, `[B, R]` float32.
+    """`log pi(y_t | context)` for the response columns, `[B, R]` float32.
 
-    Only the response columns go through the LM head (`logits_to_keep`): prompts are often
-    longer than responses and their logits are never used. Rows with the same prompt (a GRPO
-    group) run that prompt once (see `_shared_prompt_logits`) unless `share_prompts=False`: a
-    sharded model needs exactly one model call per micro-batch on every rank, and the shared
-    path makes one or two depending on the data.
+    Only the columns the model wrote (`batch.loss_mask`) go through the LM head: prompts,
+    observations and padding are context, and their logits (`[B, R, V]`, the largest tensors of
+    a step) are never read. Those columns come back as 0. `actions_only=False`, or a model whose
+    logits are not a plain linear map of its last hidden state, runs the head on every response
+    column (`logits_to_keep`), as a sharded model must (one model call per micro-batch).
+    Rows with the same prompt (a GRPO group) run that prompt once (see `_shared_prompt_outputs`)
+    unless `share_prompts=False`: a sharded model needs exactly one model call per micro-batch
+    on every rank, and the shared path makes one or two depending on the data.
     """
     r, p = batch.response_len, batch.prompt_len
     device = next(model.parameters()).device
     ids = batch.input_ids.to(device)
     mask = batch.attention_mask.to(device)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    shared = share_prompts and r > 1
-    logits = _shared_prompt_logits(model, ids, mask, positions, p) if shared else None
-    if logits is None:
-        out = model(
+    labels = ids[:, p:]
+    t = temperature if temperature > 0 else 1.0
+    split = split_lm_head(model) if actions_only else None
+    net = split[0] if split is not None else model
+    states = None
+    if share_prompts and r > 1:
+        states = _shared_prompt_outputs(net, ids, mask, positions, p, hidden=split is not None)
+    if states is None:
+        out = net(
             input_ids=ids,
             attention_mask=mask,
             position_ids=positions,
             use_cache=False,
-            logits_to_keep=r + 1,
+            **({} if split is not None else {"logits_to_keep": r + 1}),
         )
-        logits = out.logits[:, :-1, :]  # position P-1+t predicts response token t
-    labels = ids[:, p:]
-    t = temperature if temperature > 0 else 1.0
-    return token_log_probs_and_entropy(logits, labels, temperature=t, with_entropy=with_entropy)
+        # position P-1+t predicts response token t
+        states = out.last_hidden_state[:, p - 1 : -1] if split is not None else out.logits[:, :-1]
+    if split is None:
+        return token_log_probs_and_entropy(states, labels, temperature=t, with_entropy=with_entropy)
+    written = batch.loss_mask.to(device).bool()
+    logits = split[1](states[written])  # [N, V]: the model-written tokens only
+    lp, ent = token_log_probs_and_entropy(
+        logits, labels[written], temperature=t, with_entropy=with_entropy
+    )
+    zeros = torch.zeros(written.shape, dtype=lp.dtype, device=device)
+    return zeros.masked_scatter(written, lp), (
+        None if ent is None else zeros.masked_scatter(written, ent)
+    )
 
 
-def _shared_prompt_logits(
-    model, ids: Tensor, mask: Tensor, positions: Tensor, p: int
+def split_lm_head(model) -> tuple[object, object] | None:
+    """`(backbone, lm_head)` when logits are a plain linear map of the backbone's last hidden
+    state (no soft-capping, no adapter on the head); None otherwise. A peft model is unwrapped:
+    its adapters live inside the backbone's layers, so the backbone call still runs them."""
+    if hasattr(model, "get_base_model"):
+        model = model.get_base_model()
+    if _sharded_root(model):
+        return None  # the root's hooks gather its parameters: it must be called as a whole
+    if getattr(getattr(model, "config", None), "final_logit_softcapping", None):
+        return None
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    prefix = getattr(model, "base_model_prefix", "")
+    backbone = getattr(model, prefix, None) if prefix else None
+    if not isinstance(head, torch.nn.Linear) or backbone is None or backbone is model:
+        return None
+    if getattr(backbone, "get_output_embeddings", lambda: None)() is not None:
+        return None  # the "backbone" is itself a model with a head: not the split we need
+    return backbone, head
+
+
+def _shared_prompt_outputs(
+    net, ids: Tensor, mask: Tensor, positions: Tensor, p: int, *, hidden: bool
 ) -> Tensor | None:
-    """Response-column logits `[B, R, V]` with each distinct prompt run once, or None.
+    """`[B, R, X]` for the response columns with each distinct prompt run once, or None: the
+    logits (X = V) of a causal LM, or with `hidden` the last hidden states (X = H) of its
+    backbone, at the positions that predict response tokens 0..R-1.
 
     The G rollouts of a group share their prompt, and causal attention makes the prompt's hidden
     states independent of what follows. So the distinct prompts go through the model once, their
@@ -60,7 +100,7 @@ def _shared_prompt_logits(
     running it per row; only float rounding differs. None when no prompt repeats, or when the
     model cannot carry a cache with gradients (activation checkpointing drops it in training).
     """
-    if model.training and _checkpointing(model):
+    if net.training and _checkpointing(net):
         return None
     key = torch.cat([ids[:, :p], mask[:, :p]], dim=1)
     uniq, inverse = torch.unique(key, dim=0, return_inverse=True)
@@ -70,26 +110,40 @@ def _shared_prompt_logits(
     rows = torch.arange(b, device=ids.device)
     first = torch.full((u,), b, dtype=torch.long, device=ids.device)
     first = first.scatter_reduce(0, inverse, rows, reduce="amin")  # one row per distinct prompt
-    head = model(
+    head = net(
         input_ids=ids[first, :p],
         attention_mask=mask[first, :p],
         position_ids=positions[first, :p],
         use_cache=True,
-        logits_to_keep=1,
+        **({} if hidden else {"logits_to_keep": 1}),
     )
     cache = head.past_key_values
     if not hasattr(cache, "batch_select_indices") or cache.get_seq_length() != p:
         return None  # no cache, or one that cannot be gathered to rows: the plain path
     cache.batch_select_indices(inverse)  # the prompt's keys/values, one copy per row
-    tail = model(
+    tail = net(
         input_ids=ids[:, p:-1],
         attention_mask=mask[:, :-1],
         position_ids=positions[:, p:-1],
         past_key_values=cache,
         use_cache=True,
     )
+    last, rest = (
+        (head.last_hidden_state[:, -1:], tail.last_hidden_state)
+        if hidden
+        else (head.logits, tail.logits)
+    )
     # the prompt's last position predicts response token 0; response position t predicts t + 1
-    return torch.cat([head.logits[inverse], tail.logits], dim=1)
+    return torch.cat([last[inverse], rest], dim=1)
+
+
+def _sharded_root(model) -> bool:
+    """The model itself is FSDP-wrapped (`fully_shard` on the root, or FSDP1's wrapper)."""
+    try:
+        from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+    except ImportError:  # a torch build without distributed support
+        return False
+    return isinstance(model, (FSDPModule, FullyShardedDataParallel))
 
 
 def _checkpointing(model) -> bool:
@@ -135,6 +189,7 @@ def batched_log_probs(
     *,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    actions_only: bool = True,
 ) -> tuple[Tensor, Tensor | None]:
     """`response_log_probs` over the whole batch in micro-batches, no gradient."""
     b, r = len(batch), batch.response_len
@@ -142,7 +197,13 @@ def batched_log_probs(
     ent = torch.zeros(b, r) if with_entropy else None
     for rows in plan_micro_batches(batch, list(range(b)), token_budget):
         sub = batch.select(rows)
-        lp, en = response_log_probs(model, sub, temperature=temperature, with_entropy=with_entropy)
+        lp, en = response_log_probs(
+            model,
+            sub,
+            temperature=temperature,
+            with_entropy=with_entropy,
+            actions_only=actions_only,
+        )
         width = sub.response_len
         logp[rows, :width] = lp.float().cpu()
         if ent is not None and en is not None:

@@ -30,7 +30,7 @@ from torch import Tensor
 from llds.errors import ConfigError
 from llds.io import atomic_write, write_json
 from llds.sft import SFTConfig
-from llds.train.forward import pack_by_length
+from llds.train.forward import pack_by_length, split_lm_head
 from llds.train.lr_schedule import scheduled_lr
 from llds.train.sft_data import ExpertEpisode
 
@@ -91,18 +91,6 @@ def _pad_batch(
     return ids, attn, loss
 
 
-def _split_head(model: Any) -> tuple[Any, Any] | None:
-    """`(backbone, lm_head)` when logits are a plain linear map of the last hidden state."""
-    if getattr(model.config, "final_logit_softcapping", None):
-        return None
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    prefix = getattr(model, "base_model_prefix", "")
-    backbone = getattr(model, prefix, None) if prefix else None
-    if head is None or backbone is None or backbone is model:
-        return None
-    return backbone, head
-
-
 def masked_token_loss_sum(
     model: Any, input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor
 ) -> tuple[Tensor, int]:
@@ -116,7 +104,7 @@ def masked_token_loss_sum(
     count = int(targets.sum())
     if count == 0:
         return input_ids.new_zeros((), dtype=torch.float32), 0
-    split = _split_head(model)
+    split = split_lm_head(model)
     if split is not None:
         backbone, head = split
         hidden = backbone(

@@ -1,0 +1,233 @@
+"""SmolLM2-135M GRPO step on CPU: where the time goes, the LM head on written tokens only, and
+LoRA next to full fine-tuning, at equal work.
+
+The batch is what a warm-started agent produces on the `smollm2-wiki` preset: `--questions`
+trivia questions x `--group` rollouts, each an expert one-search trajectory (think + search,
+3 Wikipedia passages of BM25, answer), so the share of model-written tokens is realistic. On
+that fixed batch every arm does the same work: the preset's update (`--mini-batches` AdamW
+steps, each a forward and backward over its rows) and the displacement pass (one no-grad
+log-prob pass). Arms:
+
+- `full head`: the LM head over every response column (`actions_only=False`, the former path);
+- `written only`: the LM head over the model-written tokens only (the default now);
+- `LoRA`: `written only` with peft adapters (r 16 on the attention and MLP projections), the
+  base frozen: fewer optimizer states and no base-weight gradients.
+
+Time: the `full head` and `written only` arms alternate in one process (`--repeats` rounds,
+median). Memory: each arm once more in its own process (peak resident memory, `ru_maxrss`).
+Rollout generation does not depend on the arm; `--decode` times it on the same prompts.
+
+    python benchmarks/smollm2_step.py [--questions 2] [--group 4] [--repeats 3] [--threads 2]
+
+Needs the optional packages of the README (SmolLM2, Red-Trivia, Wikipedia summaries).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import machine
+
+ARMS = ("full head", "written only", "LoRA")
+
+
+def build_batch(questions: int, group: int):
+    """`questions` x `group` expert trajectories (the first questions of the trivia lists whose
+    top-3 passages hold a gold answer), as a RolloutBatch with one group per question."""
+    from llds.data.loaders import load_trivia_lists
+    from llds.models import load_smollm2
+    from llds.retrieval.factory import build_retriever, corpus_passages
+    from llds.rollout.batch import Episode, RolloutBatch
+    from llds.train.sft_data import build_expert_episodes
+
+    model, tok = load_smollm2(dtype="float32", device="cpu")
+    retriever = build_retriever(corpus_passages(None, wiki=True), show_progress=False)
+    examples = load_trivia_lists(["worldcapitals", "elements"])
+    experts, _ = build_expert_episodes(
+        examples[: 8 * questions],
+        retriever,
+        tok,
+        topk=3,
+        max_obs_tokens=256,
+        num_examples=questions,
+    )
+    episodes = []
+    for k, ex in enumerate(experts):
+        for _ in range(group):
+            ep = Episode(
+                prompt_ids=ex.prompt_ids, example_id=ex.example_id, group_id=str(k), golds=()
+            )
+            resp, mask = ex.response_ids, ex.loss_mask[ex.prompt_len :]
+            start = 0
+            for i in range(1, len(resp) + 1):  # consecutive runs of action / context tokens
+                if i == len(resp) or mask[i] != mask[start]:
+                    ep.append(resp[start:i], action=bool(mask[start]))
+                    start = i
+            episodes.append(ep)
+    return model, tok, RolloutBatch.from_episodes(episodes, tok.pad_token_id)
+
+
+def update(model, optimizer, batch, mini_batches: int, actions_only: bool) -> float:
+    """The preset's update on `batch`: per mini-batch a policy-gradient loss over the written
+    tokens (advantage +1 / -1 alternating in each group), backward, one AdamW step. Seconds."""
+    from llds.train.forward import response_log_probs
+
+    model.train()
+    adv = torch.tensor([1.0 if i % 2 == 0 else -1.0 for i in range(len(batch))])
+    rows = list(range(len(batch)))
+    t0 = time.perf_counter()
+    for m in range(mini_batches):
+        part = rows[m::mini_batches]
+        sub = batch.select(part)
+        optimizer.zero_grad(set_to_none=True)
+        lp, _ = response_log_probs(model, sub, actions_only=actions_only)
+        mask = sub.loss_mask.float()
+        loss = -(adv[part, None] * lp * mask).sum() / mask.sum()
+        loss.backward()
+        optimizer.step()
+    return time.perf_counter() - t0
+
+
+def log_prob_pass(model, batch, actions_only: bool) -> float:
+    from llds.train.forward import batched_log_probs
+
+    model.eval()
+    t0 = time.perf_counter()
+    batched_log_probs(model, batch, 8192, actions_only=actions_only)
+    return time.perf_counter() - t0
+
+
+def prepare(arm: str, model):
+    if arm == "LoRA":
+        from llds.train.config import LoRAConfig
+        from llds.train.lora import attach_lora
+
+        model = attach_lora(model, LoRAConfig())
+    params = [p for p in model.parameters() if p.requires_grad]
+    return model, torch.optim.AdamW(params, lr=1e-6), sum(p.numel() for p in params)
+
+
+def one_arm(args: argparse.Namespace) -> dict[str, Any]:
+    """Child process: one arm once (after a warm-up), with its peak resident memory."""
+    model, _, batch = build_batch(args.questions, args.group)
+    model, opt, trainable = prepare(args.arm, model)
+    actions_only = args.arm != "full head"
+    update(model, opt, batch, args.mini_batches, actions_only)
+    out = {
+        "update_s": update(model, opt, batch, args.mini_batches, actions_only),
+        "log_prob_pass_s": log_prob_pass(model, batch, actions_only),
+        "trainable": trainable,
+        "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+    }
+    return out
+
+
+def decode_rate(model, batch, tokens: int = 64) -> float:
+    """Tokens per second of greedy decoding with a KV cache, all rows at once (the engine's
+    decode loop without sampling), from the batch's prompts."""
+    model.eval()
+    p = batch.prompt_len
+    ids, mask = batch.input_ids[:, :p], batch.attention_mask[:, :p]
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=1)
+        cache, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
+        t0 = time.perf_counter()
+        for _ in range(tokens):
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            out = model(input_ids=nxt, attention_mask=mask, past_key_values=cache, logits_to_keep=1)
+            cache, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
+        return tokens * len(batch) / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--questions", type=int, default=2)
+    ap.add_argument("--group", type=int, default=4)
+    ap.add_argument("--mini-batches", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--arm", choices=ARMS, help=argparse.SUPPRESS)  # child process
+    ap.add_argument("--no-memory", action="store_true", help="skip the per-arm memory processes")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    if args.arm:
+        print(json.dumps(one_arm(args)))
+        return
+
+    model, _, batch = build_batch(args.questions, args.group)
+    written = int(batch.loss_mask.sum())
+    columns = int(batch.attention_mask[:, batch.prompt_len :].sum())
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    times: dict[str, dict[str, list[float]]] = {
+        a: {"update": [], "log_prob_pass": []} for a in ARMS[:2]
+    }
+    update(model, opt, batch, args.mini_batches, True)  # warm-up: allocator, optimizer state
+    for _ in range(args.repeats):
+        for arm in ARMS[:2]:
+            only = arm == "written only"
+            times[arm]["update"].append(update(model, opt, batch, args.mini_batches, only))
+            times[arm]["log_prob_pass"].append(log_prob_pass(model, batch, only))
+    rate = decode_rate(model, batch)
+
+    memory: dict[str, dict[str, Any]] = {}
+    if not args.no_memory:
+        for arm in ARMS:
+            cmd = [sys.executable, __file__, "--arm", arm, "--threads", str(args.threads)]
+            cmd += ["--questions", str(args.questions), "--group", str(args.group)]
+            cmd += ["--mini-batches", str(args.mini_batches)]
+            res = subprocess.run(cmd, capture_output=True, text=True, check=True)
+            memory[arm] = json.loads(res.stdout.strip().splitlines()[-1])
+
+    med = {a: {k: statistics.median(v) for k, v in t.items()} for a, t in times.items()}
+    print(f"machine: {machine()}")
+    print(f"command: `python benchmarks/smollm2_step.py {' '.join(sys.argv[1:])}`".strip())
+    print(
+        f"batch: {len(batch)} rows ({args.questions} questions x {args.group}), prompt "
+        f"{batch.prompt_len} + response {batch.response_len} columns; {written} of {columns} "
+        f"response tokens model-written ({written / columns:.0%}); {args.mini_batches} "
+        f"mini-batches; {args.threads} threads; median of {args.repeats}"
+    )
+    print()
+    print("| arm | update (s) | log-prob pass (s) | trainable params | peak RSS, own process |")
+    print("|---|---|---|---|---|")
+    for arm in ARMS:
+        m = med.get(arm)
+        own = memory.get(arm, {})
+        upd = f"{m['update']:.1f}" if m else f"{own.get('update_s', float('nan')):.1f} (once)"
+        lpp = (
+            f"{m['log_prob_pass']:.1f}"
+            if m
+            else f"{own.get('log_prob_pass_s', float('nan')):.1f} (once)"
+        )
+        rss = f"{own['peak_rss_gb']:.2f} GB" if own else "-"
+        trainable = f"{own['trainable'] / 1e6:.2f}M" if own else "-"
+        print(f"| {arm} | {upd} | {lpp} | {trainable} | {rss} |")
+    full, only = med["full head"], med["written only"]
+    print()
+    print(
+        f"written only vs full head: update {full['update'] / only['update']:.2f}x, "
+        f"log-prob pass {full['log_prob_pass'] / only['log_prob_pass']:.2f}x; every round: "
+        + ", ".join(
+            f"{f:.1f}/{o:.1f}"
+            for f, o in zip(
+                times["full head"]["update"], times["written only"]["update"], strict=True
+            )
+        )
+    )
+    print(f"decode (greedy, KV cache, {len(batch)} rows): {rate:.0f} tokens/s")
+
+
+if __name__ == "__main__":
+    main()
