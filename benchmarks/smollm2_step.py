@@ -14,7 +14,9 @@ log-prob pass). Arms:
   base frozen: fewer optimizer states and no base-weight gradients.
 
 Time: the `full head` and `written only` arms alternate in one process (`--repeats` rounds,
-median). Memory: each arm once more in its own process (peak resident memory, `ru_maxrss`).
+median). Memory: each arm once more in its own process, after a warm-up update: the resident
+memory before an update (weights, gradients of the last one, optimizer state) and the peak
+during it (Linux: the peak is reset after loading).
 Rollout generation does not depend on the arm; `--decode` times it on the same prompts.
 
     python benchmarks/smollm2_step.py [--questions 2] [--group 4] [--repeats 3] [--threads 2]
@@ -26,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
 import subprocess
 import sys
@@ -118,19 +119,32 @@ def prepare(arm: str, model):
     return model, torch.optim.AdamW(params, lr=1e-6), sum(p.numel() for p in params)
 
 
+def _status_gb(field: str) -> float:
+    """A memory field of /proc/self/status (VmRSS: now, VmHWM: peak since the last reset)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 2**20
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
 def one_arm(args: argparse.Namespace) -> dict[str, Any]:
-    """Child process: one arm once (after a warm-up), with its peak resident memory."""
+    """Child process: one arm once, after a warm-up update (so the optimizer state exists):
+    its time, the resident memory before the update and the peak during it. The peak is reset
+    (`clear_refs` 5) after loading, whose own peak says nothing about training."""
     model, _, batch = build_batch(args.questions, args.group)
     model, opt, trainable = prepare(args.arm, model)
     actions_only = args.arm != "full head"
     update(model, opt, batch, args.mini_batches, actions_only)
-    out = {
-        "update_s": update(model, opt, batch, args.mini_batches, actions_only),
+    before = _status_gb("VmRSS")
+    Path("/proc/self/clear_refs").write_text("5")
+    update_s = update(model, opt, batch, args.mini_batches, actions_only)
+    return {
+        "update_s": update_s,
         "log_prob_pass_s": log_prob_pass(model, batch, actions_only),
         "trainable": trainable,
-        "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+        "rss_before_gb": before,
+        "peak_rss_gb": _status_gb("VmHWM"),
     }
-    return out
 
 
 def decode_rate(model, batch, tokens: int = 64) -> float:
@@ -150,6 +164,14 @@ def decode_rate(model, batch, tokens: int = 64) -> float:
         return tokens * len(batch) / (time.perf_counter() - t0)
 
 
+def _child(arm: str, args: argparse.Namespace) -> dict[str, Any]:
+    cmd = [sys.executable, __file__, "--arm", arm, "--threads", str(args.threads)]
+    cmd += ["--questions", str(args.questions), "--group", str(args.group)]
+    cmd += ["--mini-batches", str(args.mini_batches)]
+    res = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--questions", type=int, default=2)
@@ -159,6 +181,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--arm", choices=ARMS, help=argparse.SUPPRESS)  # child process
     ap.add_argument("--no-memory", action="store_true", help="skip the per-arm memory processes")
+    ap.add_argument("--memory-only", action="store_true", help="only the per-arm processes")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -166,6 +189,10 @@ def main() -> None:
         print(json.dumps(one_arm(args)))
         return
 
+    if args.memory_only:
+        for arm in ARMS:
+            print(arm, json.dumps(_child(arm, args)))
+        return
     model, _, batch = build_batch(args.questions, args.group)
     written = int(batch.loss_mask.sum())
     columns = int(batch.attention_mask[:, batch.prompt_len :].sum())
@@ -183,12 +210,7 @@ def main() -> None:
 
     memory: dict[str, dict[str, Any]] = {}
     if not args.no_memory:
-        for arm in ARMS:
-            cmd = [sys.executable, __file__, "--arm", arm, "--threads", str(args.threads)]
-            cmd += ["--questions", str(args.questions), "--group", str(args.group)]
-            cmd += ["--mini-batches", str(args.mini_batches)]
-            res = subprocess.run(cmd, capture_output=True, text=True, check=True)
-            memory[arm] = json.loads(res.stdout.strip().splitlines()[-1])
+        memory = {arm: _child(arm, args) for arm in ARMS}
 
     med = {a: {k: statistics.median(v) for k, v in t.items()} for a, t in times.items()}
     print(f"machine: {machine()}")
@@ -200,7 +222,9 @@ def main() -> None:
         f"mini-batches; {args.threads} threads; median of {args.repeats}"
     )
     print()
-    print("| arm | update (s) | log-prob pass (s) | trainable params | peak RSS, own process |")
+    print(
+        "| arm | update (s) | log-prob pass (s) | trainable params | RSS before / peak in update |"
+    )
     print("|---|---|---|---|---|")
     for arm in ARMS:
         m = med.get(arm)
@@ -211,7 +235,7 @@ def main() -> None:
             if m
             else f"{own.get('log_prob_pass_s', float('nan')):.1f} (once)"
         )
-        rss = f"{own['peak_rss_gb']:.2f} GB" if own else "-"
+        rss = f"{own['rss_before_gb']:.2f} / {own['peak_rss_gb']:.2f} GB" if own else "-"
         trainable = f"{own['trainable'] / 1e6:.2f}M" if own else "-"
         print(f"| {arm} | {upd} | {lpp} | {trainable} | {rss} |")
     full, only = med["full head"], med["written only"]
