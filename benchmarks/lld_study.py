@@ -93,6 +93,7 @@ def build_warm_start(name: str, root: Path, sft_steps: int | None = None) -> Pat
     from llds.sft import run as run_sft
 
     factor, warm = FACTORS[name], root / "warm"
+    print(f"{name}: {factor.why}", flush=True)
     if not (warm / "world" / "train.jsonl").is_file():
         write_world(generate_world(WorldConfig.preset("organism", **factor.world)), warm / "world")
     (warm / "prompt.txt").write_text(TEMPLATE, encoding="utf-8")

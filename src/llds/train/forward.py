@@ -24,9 +24,9 @@ def response_log_probs(
 
     Only the columns the model wrote (`batch.loss_mask`) go through the LM head: prompts,
     observations and padding are context, and their logits (`[B, R, V]`, the largest tensors of
-    a step) are never read. Those columns come back as 0. `actions_only=False`, or a model whose
-    logits are not a plain linear map of its last hidden state, runs the head on every response
-    column (`logits_to_keep`), as a sharded model must (one model call per micro-batch).
+    a step) are never read. Those columns come back as 0. `actions_only=False`, or a model the
+    head cannot be split from (see `split_lm_head`: a non-linear head, an FSDP-sharded root),
+    runs the head on every response column (`logits_to_keep`).
     Rows with the same prompt (a GRPO group) run that prompt once (see `_shared_prompt_outputs`)
     unless `share_prompts=False`: a sharded model needs exactly one model call per micro-batch
     on every rank, and the shared path makes one or two depending on the data.

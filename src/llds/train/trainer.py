@@ -705,7 +705,6 @@ class GRPOTrainer:
                             temperature=cfg.rollout.temperature,
                             with_entropy=need_ent,
                             share_prompts=not self.sharded,
-                            actions_only=not self.sharded,
                         )
                     mask = sub.loss_mask.to(lp.device)
                     old = old_logp[micro, :w].to(lp.device)
@@ -884,7 +883,6 @@ class GRPOTrainer:
                 batch.select(rows),
                 temperature=self.cfg.rollout.temperature,
                 share_prompts=False,
-                actions_only=False,
             )
         (lp.sum() * 0.0).backward()
 
