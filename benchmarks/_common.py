@@ -91,3 +91,25 @@ def single_turn_config(
     )
     cfg.validate()
     return cfg
+
+
+def finished(cfg) -> bool:
+    """Whether the training run of `cfg` (a `TrainConfig`) has logged its last step."""
+    from pathlib import Path
+
+    from llds.train.tracking import read_metrics
+
+    rows = read_metrics(cfg.run_dir) if (Path(cfg.run_dir) / "metrics.jsonl").is_file() else []
+    return bool(rows) and rows[-1]["step"] >= cfg.steps
+
+
+def run_unfinished(configs, parallel: int, poll_s: float = 5.0) -> None:
+    """Every run of `configs` that has not finished, each in its own process (resuming from its
+    last checkpoint), `parallel` at a time; logs go to RUN/train-TIMESTAMP.log."""
+    from pathlib import Path
+
+    from llds.train.background import run_queue
+
+    stamp = int(time.time())
+    jobs = [(c, Path(c.run_dir) / f"train-{stamp}.log") for c in configs if not finished(c)]
+    run_queue(jobs, parallel, poll_s=poll_s)

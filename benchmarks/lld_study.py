@@ -33,10 +33,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine
+from _common import finished, machine, run_unfinished
 from llds import metrics as keys
 from llds.diagnostics.alarms import scan_alarms
-from llds.train.background import run_queue
 from llds.train.config import TrainConfig, load_config
 from llds.train.eval_result import EvalResult, eval_file
 from llds.train.tracking import read_metrics
@@ -141,20 +140,9 @@ def arm_config(demo: Path, out: Path, arm: str, seed: int) -> TrainConfig:
     )
 
 
-def finished(cfg: TrainConfig) -> bool:
-    rows = read_metrics(cfg.run_dir) if (Path(cfg.run_dir) / "metrics.jsonl").is_file() else []
-    return bool(rows) and rows[-1]["step"] >= cfg.steps
-
-
 def run_all(demo: Path, out: Path, arms: Sequence[str], seeds: Sequence[int], parallel: int):
     """Every unfinished (arm, seed) in its own process, `parallel` at a time."""
-    configs = [arm_config(demo, out, arm, s) for s in seeds for arm in arms]
-    stamp = int(time.time())
-    run_queue(
-        [(c, Path(c.run_dir) / f"train-{stamp}.log") for c in configs if not finished(c)],
-        parallel,
-        poll_s=5.0,
-    )
+    run_unfinished([arm_config(demo, out, arm, s) for s in seeds for arm in arms], parallel)
 
 
 PROBE_QUESTIONS = 64  # training questions sampled by the end-of-run probe (mixed groups kept)

@@ -136,3 +136,135 @@ def test_run_probe_reports_mixed_groups_only(small_world, world_tokenizer, world
     assert m["probe/first_order_drag"] == r.first_order_correct_drag
     assert m["probe/drag_to_pull"] == drag_to_pull(r)
     assert math.isnan(probe_metrics([])["probe/lld_share"])
+
+
+def _sgd_updates(model, batch, lr: float, updates: int, llds_coef: float):
+    """Log-probs after `updates` plain-SGD GRPO steps on `batch`, written out by hand: the clipped
+    surrogate against the sampling weights' log-probs, plus lambda * LLDS from the second step."""
+    import copy
+
+    from llds.algo.llds import llds_loss
+
+    model = copy.deepcopy(model)
+    params = [p for p in model.parameters() if p.requires_grad]
+    model.eval()
+    with torch.no_grad():
+        old, _ = response_log_probs(model, batch)
+    adv = group_advantages(batch.rewards, batch.group_ids)
+    for update in range(updates):
+        model.zero_grad(set_to_none=True)
+        lp, _ = response_log_probs(model, batch)
+        loss, _ = policy_loss(lp, old, adv, batch.loss_mask, clip_low=0.2)
+        if update > 0 and llds_coef > 0:
+            loss = loss + llds_loss(lp, old, adv, batch.loss_mask, coef=llds_coef)[0]
+        loss.backward()
+        with torch.no_grad():
+            for p in params:
+                p -= lr * p.grad
+    with torch.no_grad():
+        new, _ = response_log_probs(model, batch)
+    return old, new
+
+
+@pytest.mark.parametrize("updates,llds_coef", [(2, 0.0), (3, 1.0)])
+def test_probe_with_several_updates_matches_sgd_by_hand(
+    small_world, world_tokenizer, world_retriever, updates, llds_coef
+):
+    model, batch, _, _ = _mixed_group(small_world, world_tokenizer, world_retriever)
+    lr = 0.05
+    old, new, _, _ = probe_group(model, batch, lr=lr, updates=updates, llds_coef=llds_coef)
+    ref_old, ref_new = _sgd_updates(model, batch, lr, updates, llds_coef)
+    mask = batch.loss_mask
+    assert torch.allclose(old[mask], ref_old[mask], atol=1e-5)
+    assert torch.allclose(new[mask], ref_new[mask], atol=1e-4)
+    moved = (new - old)[mask].abs().max()
+    assert moved > 1e-2  # the updates did something the comparison can see
+
+
+def test_llds_in_the_probe_is_zero_on_the_first_update_and_acts_after(
+    small_world, world_tokenizer, world_retriever
+):
+    from llds.algo.llds import llds_gate, preserving_mask
+
+    model, batch, _, _ = _mixed_group(small_world, world_tokenizer, world_retriever)
+    lr = 0.2  # large enough that two updates lower an action of the correct response
+    one = probe_group(model, batch, lr=lr, updates=1, llds_coef=0.0)
+    one_llds = probe_group(model, batch, lr=lr, updates=1, llds_coef=1.0)
+    assert torch.equal(one.new, one_llds.new)  # pi_theta == pi_old: the penalty is exactly 0
+    # here the gate is still shut after one update (LLDS adds nothing to the second) but open
+    # on some protected action after two ...
+    adv = group_advantages(batch.rewards, batch.group_ids)
+    mask = batch.loss_mask
+    keep = preserving_mask(adv, mask)
+    assert not (llds_gate(one.old - one.new, mask) & keep).any()
+    two = probe_group(model, batch, lr=lr, updates=2, llds_coef=0.0)
+    two_llds = probe_group(model, batch, lr=lr, updates=2, llds_coef=1.0)
+    assert torch.equal(two.new, two_llds.new)
+    assert (llds_gate(two.old - two.new, mask) & keep).any()
+    # ... so on the third update LLDS changes where the weights go
+    three = probe_group(model, batch, lr=lr, updates=3, llds_coef=0.0)
+    three_llds = probe_group(model, batch, lr=lr, updates=3, llds_coef=1.0)
+    assert not torch.equal(three.new, three_llds.new)
+    with pytest.raises(ValueError, match="updates"):
+        probe_group(model, batch, lr=lr, updates=0)
+
+
+def test_a_resumed_probe_gives_what_the_whole_probe_gives(
+    small_world, world_tokenizer, world_retriever
+):
+    model, _, ex, seed = _mixed_group(small_world, world_tokenizer, world_retriever)
+    kwargs = dict(group_size=6, rollout=CFG, lr=1e-3, seed=seed, template=TEMPLATE)
+    seen: list[tuple[int, ProbeResult | None]] = []
+    whole = run_probe(
+        model, world_tokenizer, world_retriever, [ex, ex, ex], progress=False,
+        on_question=lambda i, r: seen.append((i, r)), **kwargs,
+    )  # fmt: skip
+    assert [i for i, _ in seen] == [0, 1, 2]
+    assert [r for _, r in seen if r is not None] == whole and whole  # question 0 is mixed
+    resumed = run_probe(
+        model, world_tokenizer, world_retriever, [ex, ex, ex], progress=False, start=1, **kwargs
+    )
+    assert resumed == [r for i, r in seen if i >= 1 and r is not None]
+
+
+def test_probe_model_resumes_from_its_partial_file_and_names_a_foreign_one(
+    tmp_path, small_world, world_tokenizer
+):
+    import json
+
+    from conftest import write_run_inputs
+    from llds.diagnostics.probe import PARTIAL, ProbeConfig, _settings, probe_model
+    from llds.env.protocol import Protocol
+    from llds.errors import UserInputError
+
+    write_run_inputs(tmp_path, small_world, world_tokenizer)
+    Protocol(prompt_template=TEMPLATE, topk=2, max_turns=1).write(tmp_path / "model")
+    out = tmp_path / "probe"
+    cfg = ProbeConfig(
+        model=str(tmp_path / "model"),
+        data=[str(tmp_path / "world" / "train.jsonl")],
+        retriever=str(tmp_path / "world" / "corpus.jsonl"),
+        out=str(out),
+        limit=3,
+        group_size=2,
+        device="cpu",
+    )
+    earlier = ProbeResult("w:0", "q?", 1, 1, -0.5, -0.1, 0.2, 1.0, -0.3, 0.1, -0.4)
+    out.mkdir()
+    lines = [
+        {"settings": _settings(cfg)},
+        {"index": 0, "result": dataclasses.asdict(earlier)},
+        {"index": 1, "result": None},
+        {"index": 2, "result": None},
+    ]
+    text = "\n".join(json.dumps(x) for x in lines) + "\n" + '{"index": 3, "resu'  # torn line
+    (out / PARTIAL).write_text(text)
+    summary, results = probe_model(cfg)
+    # every question was already done: nothing is sampled again, the earlier result is kept
+    assert results == [earlier] and summary["probed"] == 1 and summary["lld_share"] == 1.0
+    assert json.loads((out / "probe.json").read_text())["settings"]["limit"] == 3
+    assert not (out / PARTIAL).exists()
+
+    (out / PARTIAL).write_text(json.dumps({"settings": {**_settings(cfg), "lr": 9.0}}) + "\n")
+    with pytest.raises(UserInputError, match=PARTIAL):
+        probe_model(cfg)

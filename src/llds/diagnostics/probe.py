@@ -20,7 +20,7 @@ import copy
 import dataclasses
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
@@ -84,7 +84,10 @@ def first_order_displacement(model, batch, objective: Objective) -> FirstOrder:
     GRPO loss of `batch` (pi_old = the current policy, ratio 1), and the same inner product with
     the loss of the advantage < 0 responses alone. A plain-SGD step of size lr changes
     `log pi(y_i)` by `lr` times the total, to first order (the paper's Eq. 3). At ratio 1 no clip
-    is active and the loss is linear in the advantages, so total = pull + drag exactly."""
+    is active and the loss is linear in the advantages, so total = pull + drag exactly.
+
+    Each `grad log pi(y_i)` comes from a forward of row i alone: a backward through the whole
+    batch's graph per response would cost B batch backwards; this costs about one."""
     params = [p for p in model.parameters() if p.requires_grad]
     model.eval()  # no dropout: the gradients of the weights as they are
     lp, _ = response_log_probs(model, batch)
@@ -94,12 +97,15 @@ def first_order_displacement(model, batch, objective: Objective) -> FirstOrder:
     descent = [-g for g in torch.autograd.grad(loss, params, retain_graph=True)]
     # the same normalization (mask unchanged), advantages > 0 zeroed: the negatives' part
     loss_neg, _ = grpo_objective(lp, lp.detach(), adv.clamp(max=0.0), mask, objective)
-    descent_neg = [-g for g in torch.autograd.grad(loss_neg, params, retain_graph=True)]
+    descent_neg = [-g for g in torch.autograd.grad(loss_neg, params)]
+    del lp, loss, loss_neg
     total, drag = torch.zeros(len(batch)), torch.zeros(len(batch))
     for i in range(len(batch)):
         if not mask[i].any():
             continue
-        grads = torch.autograd.grad(lp[i][mask[i]].sum(), params, retain_graph=True)
+        row = batch.select([i])
+        lp_i, _ = response_log_probs(model, row)
+        grads = torch.autograd.grad(lp_i[0][row.loss_mask[0].to(lp_i.device)].sum(), params)
         total[i], drag[i] = _dot(grads, descent), _dot(grads, descent_neg)
     return FirstOrder(total, drag)
 
@@ -113,12 +119,21 @@ def probe_group(
     clip: float = 0.2,
     aggregation: str = "token-mean",
     token_budget: int = 16384,
+    updates: int = 1,
+    llds_coef: float = 0.0,
 ) -> GroupProbe:
-    """One GRPO update on `batch` (one question's group) and the first-order prediction.
+    """`updates` GRPO updates on `batch` (one question's group) and the first-order prediction
+    of the first one.
 
-    The model's weights are restored before returning.
+    One update is the paper's Eq. 3. With more, every update after the first uses the same
+    rollouts with pi_old fixed at the sampling weights (as a rollout batch's optimizer steps do
+    in training), and LLDS (`llds_coef > 0`) acts from the second update on: on the first,
+    pi_theta = pi_old and its penalty is exactly 0. The weights are restored before returning.
     """
+    if updates < 1:
+        raise ValueError(f"updates must be >= 1, got {updates}")
     saved = copy.deepcopy(model.state_dict())
+    objective = Objective(clip_low=clip, aggregation=aggregation, llds_coef=llds_coef)
     try:
         first_order, drag = first_order_displacement(
             model, batch, Objective(clip_low=clip, aggregation=aggregation)
@@ -134,17 +149,19 @@ def probe_group(
             else torch.optim.SGD(params, lr=lr)
         )
         model.train()
-        opt.zero_grad(set_to_none=True)
-        lp, _ = response_log_probs(model, batch)
-        loss, _ = grpo_objective(  # the GRPO update alone: no KL, entropy or LLDS
-            lp,
-            old.to(lp.device),
-            adv.to(lp.device),
-            batch.loss_mask.to(lp.device),
-            Objective(clip_low=clip, aggregation=aggregation),
-        )
-        loss.backward()
-        opt.step()
+        for update in range(updates):
+            opt.zero_grad(set_to_none=True)
+            lp, _ = response_log_probs(model, batch)
+            loss, _ = grpo_objective(  # the GRPO update (+ LLDS): no KL or entropy term
+                lp,
+                old.to(lp.device),
+                adv.to(lp.device),
+                batch.loss_mask.to(lp.device),
+                objective,
+                llds_acts=update > 0,
+            )
+            loss.backward()
+            opt.step()
         model.eval()
         new, _ = batched_log_probs(model, batch, token_budget)
         return GroupProbe(old, new, first_order, drag)
@@ -167,17 +184,26 @@ def run_probe(
     template: PromptTemplate | str | None = None,
     chat: bool | None = None,
     progress: bool = True,
+    updates: int = 1,
+    llds_coef: float = 0.0,
+    start: int = 0,
+    on_question: Callable[[int, ProbeResult | None], None] | None = None,
 ) -> list[ProbeResult]:
-    """Probe every example; questions whose group is all-correct or all-wrong are skipped
-    (GRPO gives them zero advantage, so there is nothing to displace)."""
+    """Probe every example from index `start` on; questions whose group is all-correct or
+    all-wrong are skipped (GRPO gives them zero advantage, so there is nothing to displace).
+
+    Question i's rollouts are seeded by (seed, i) alone, so a probe resumed at `start` gives
+    what the whole probe would have; `on_question(i, result or None)` is called after each."""
     cfg = rollout or RolloutConfig()
     engine = RolloutEngine(model, tokenizer, retriever, cfg)
     results: list[ProbeResult] = []
     from rich.progress import Progress
 
     with Progress(disable=not progress, transient=True) as bar:
-        task = bar.add_task("probe", total=len(examples))
+        task = bar.add_task("probe", total=len(examples), completed=start)
         for i, ex in enumerate(examples):
+            if i < start:
+                continue
             ids = build_prompt_ids(tokenizer, ex.question, template, chat=chat)
             reqs = [RolloutRequest(ids, ex.id, ex.id, ex.answers) for _ in range(group_size)]
             gen = torch.Generator().manual_seed(seed * 1_000_003 + i)
@@ -185,8 +211,12 @@ def run_probe(
             bar.advance(task)
             correct = batch.rewards > 0
             if correct.all() or not correct.any():
+                if on_question is not None:
+                    on_question(i, None)
                 continue
-            old, new, first_order, drag = probe_group(model, batch, lr=lr, optimizer=optimizer)
+            old, new, first_order, drag = probe_group(
+                model, batch, lr=lr, optimizer=optimizer, updates=updates, llds_coef=llds_coef
+            )
             mask = batch.loss_mask
             delta = torch.where(mask, new - old, torch.zeros_like(new)).sum(-1)
             per_tok = delta / mask.sum(-1).clamp(min=1)
@@ -205,6 +235,8 @@ def run_probe(
                     first_order_correct_drag=float(drag[correct].mean()),
                 )
             )
+            if on_question is not None:
+                on_question(i, results[-1])
     return results
 
 
@@ -291,14 +323,66 @@ class ProbeConfig(ModelOnData):
     )
     temperature: float = dataclasses.field(default=1.0, metadata={"help": "sampling temperature"})
     seed: int = dataclasses.field(default=0, metadata={"help": "sampling seed"})
+    updates: int = dataclasses.field(
+        default=1,
+        metadata={
+            "help": "updates on each group (1: Eq. 3; more: a rollout batch's optimizer steps, "
+            "where LLDS can act from the second on)"
+        },
+    )
+    llds_coef: float = dataclasses.field(
+        default=0.0, metadata={"help": "LLDS lambda in the probe updates (0: GRPO alone)"}
+    )
     device: str = dataclasses.field(default="auto", metadata={"help": "cpu, cuda, auto"})
+
+
+PARTIAL = "probe.partial.jsonl"
+
+
+def _settings(cfg: ProbeConfig) -> dict[str, Any]:
+    """What a probe's results depend on (a partial probe resumes only under the same)."""
+    return {k: v for k, v in asdict(cfg).items() if k not in ("out", "device")}
+
+
+def _resume(path, settings: dict[str, Any]) -> tuple[int, list[ProbeResult]]:
+    """(next question index, results so far) from a partial probe file; a torn last line (a
+    stop while writing) is dropped; other settings are an error naming the file."""
+    import json
+
+    from llds.errors import UserInputError
+
+    if not path.is_file():
+        return 0, []
+    lines = path.read_text(encoding="utf-8").splitlines()
+    rows = []
+    for n, line in enumerate(lines):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if n == len(lines) - 1:
+                break
+            raise UserInputError(f"{path}: line {n + 1} is not JSON") from None
+    if not rows:
+        return 0, []
+    if rows[0].get("settings") != settings:
+        raise UserInputError(
+            f"{path}: a partial probe with other settings ({rows[0].get('settings')}); "
+            "remove it or choose another --out"
+        )
+    done = [r for r in rows[1:] if "index" in r]
+    results = [ProbeResult(**r["result"]) for r in done if r["result"] is not None]
+    return (done[-1]["index"] + 1 if done else 0), results
 
 
 def probe_model(
     cfg: ProbeConfig, protocol: Protocol | None = None
 ) -> tuple[dict[str, Any], list[ProbeResult]]:
     """Run the probe on `cfg.model` with its saved protocol (or the given one); writes
-    `OUT/probe.json` (and `OUT/probe.png` when a question was probed)."""
+    `OUT/probe.json` (and `OUT/probe.png` when a question was probed).
+
+    Each question's outcome is appended to `OUT/probe.partial.jsonl` as it is measured, so a
+    stopped probe started again with the same settings goes on from the next question."""
+    import json
     from pathlib import Path
 
     from llds.data.loaders import load_many
@@ -314,7 +398,19 @@ def probe_model(
         **proto.rollout_limits(), group_size=cfg.group_size, temperature=cfg.temperature
     )
     template = proto.template()
-    results = run_probe(
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    partial, settings = out / PARTIAL, _settings(cfg)
+    start, earlier = _resume(partial, settings)
+    if start == 0:
+        partial.write_text(json.dumps({"settings": settings}) + "\n", encoding="utf-8")
+
+    def record(index: int, result: ProbeResult | None) -> None:
+        line = {"index": index, "result": None if result is None else asdict(result)}
+        with partial.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(line) + "\n")
+
+    results = earlier + run_probe(
         model,
         tok,
         open_retriever(cfg.retriever),
@@ -326,10 +422,17 @@ def probe_model(
         seed=cfg.seed,
         template=template,
         chat=proto.chat,
+        updates=cfg.updates,
+        llds_coef=cfg.llds_coef,
+        start=start,
+        on_question=record,
     )
-    out = Path(cfg.out)
-    summary = summarize(results)
+    summary = {**summarize(results), "settings": settings}
     write_json(out / "probe.json", summary)
     if results:
-        plot_probe(results, out / "probe.png")
+        title = "One-step probe" if cfg.updates == 1 else f"{cfg.updates}-update probe"
+        if cfg.llds_coef > 0:
+            title += f" with LLDS (lambda {cfg.llds_coef:g})"
+        plot_probe(results, out / "probe.png", title=title)
+    partial.unlink()
     return summary, results

@@ -1,0 +1,310 @@
+"""SmolLM2-135M-Instruct: SFT warm start on trivia, then GRPO vs GRPO+LLDS from it, with held-out
+and transfer evaluation and the paper's one-step probe (Fig. 3a); resumable, one command.
+
+Stages (each is skipped when its output already exists, so the command resumes after a stop):
+1. data: the `worldcapitals` and `elements` trivia lists shuffled with seed 0; the first 100 are
+   held out, the rest are training questions. A second list (`uscapitals`) that neither SFT nor
+   RL sees measures transfer. `OUT/data/eval.jsonl` holds both, tagged by `data_source`
+   (`held-out`, `transfer`), so every periodic evaluation reports them separately.
+2. index: BM25 over the Wikipedia summaries (`OUT/index`).
+3. warm start: `llds sft --config sft-smollm2-trivia` on the training questions, then greedy EM
+   of the warm start on eval.jsonl (step 0 of every run).
+4. probe: the one-step probe (Eq. 3, plain SGD) on the warm start over training questions
+   (groups that mix correct and incorrect answers are probed), once with one update (the paper's
+   Fig. 3a) and once with K updates on the same group with LLDS on or off (LLDS is exactly 0 on
+   the first update, where pi_theta = pi_old, so only K > 1 can show it).
+5. runs: `llds train --config smollm2-trivia` for each arm and seed, 2 at a time.
+6. the table: EM / F1 / valid searches on held-out and transfer at every evaluation, the LLD
+   metrics and the probe.
+
+    python benchmarks/smollm2_rl.py --out runs/smollm2-rl [--stages data,index,sft,probe,runs]
+                                    [--seeds 0,1,2] [--parallel 2] [--probe-questions 64]
+
+Needs the optional packages of the README (SmolLM2, Red-Trivia, Wikipedia summaries).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import machine, run_unfinished
+from llds import metrics as keys
+from llds.train.config import TrainConfig, load_config
+from llds.train.eval_result import EvalResult, eval_file
+from llds.train.tracking import read_metrics
+
+TRAIN_LISTS = ("worldcapitals", "elements")
+TRANSFER_LISTS = ("uscapitals",)
+HELD_OUT = 100
+SPLIT_SEED = 0
+ARMS = {"GRPO": ["algo.llds.enabled=false"], "GRPO+LLDS": ["algo.llds.enabled=true"]}
+STAGES = ("data", "index", "sft", "probe", "runs")
+
+
+def write_data(out: Path) -> Path:
+    """Train / eval question files (FlashRAG jsonl); kept when already written."""
+    from llds.data.loaders import load_trivia_lists
+    from llds.io import write_jsonl
+
+    data = out / "data"
+    if (data / "eval.jsonl").is_file():
+        return data
+    examples = load_trivia_lists(TRAIN_LISTS)
+    random.Random(SPLIT_SEED).shuffle(examples)
+    held, train = examples[:HELD_OUT], examples[HELD_OUT:]
+    transfer = load_trivia_lists(TRANSFER_LISTS)
+
+    def rows(exs, source: str) -> list[dict[str, Any]]:
+        return [
+            {
+                "id": e.id,
+                "question": e.question,
+                "golden_answers": list(e.answers),
+                "data_source": source,
+            }
+            for e in exs
+        ]
+
+    write_jsonl(data / "train.jsonl", rows(train, "trivia"))
+    write_jsonl(data / "eval.jsonl", rows(held, "held-out") + rows(transfer, "transfer"))
+    print(f"data: {len(train)} training, {len(held)} held-out, {len(transfer)} transfer questions")
+    return data
+
+
+def build_index(out: Path) -> Path:
+    from llds.retrieval.factory import build_retriever, corpus_passages
+
+    index = out / "index"
+    if not index.is_dir():
+        build_retriever(corpus_passages(None, wiki=True), show_progress=False).save(index)
+    return index
+
+
+def warm_start(out: Path, sft_steps: int | None) -> Path:
+    """The SFT warm start and its evaluation (the step-0 point of every run)."""
+    from llds.sft import load_sft_config
+    from llds.sft import run as run_sft
+    from llds.train.evaluate import EvalConfig, run_evaluation
+
+    sft = out / "sft"
+    if not (sft / "model").is_dir():
+        given = {
+            "data": str(out / "data" / "train.jsonl"),
+            "corpus": str(out / "index"),
+            "out": str(sft),
+            "threads": 1,
+            "progress": False,
+        }
+        if sft_steps is not None:
+            given["steps"] = sft_steps
+        run_sft(load_sft_config("sft-smollm2-trivia", given))
+    start = eval_file(sft, 0)
+    if not start.is_file():
+        t0 = time.perf_counter()
+        run_evaluation(
+            EvalConfig(
+                model=str(sft / "model"),
+                data=[str(out / "data" / "eval.jsonl")],
+                retriever=str(out / "index"),
+                out=str(start),
+                device="cpu",
+            )
+        )
+        print(f"warm start evaluated in {time.perf_counter() - t0:.0f} s", flush=True)
+    return sft
+
+
+def probe(out: Path, name: str, questions: int, updates: int, llds: bool) -> dict[str, Any]:
+    """The probe of the warm start on the first `questions` training questions, 8 rollouts
+    each; cached in `OUT/probe/NAME/probe.json`."""
+    from llds.diagnostics.probe import ProbeConfig, probe_model
+
+    where = out / "probe" / name
+    if (where / "probe.json").is_file():
+        return json.loads((where / "probe.json").read_text())
+    cfg = ProbeConfig(
+        model=str(out / "sft" / "model"),
+        data=[str(out / "data" / "train.jsonl")],
+        retriever=str(out / "index"),
+        out=str(where),
+        limit=questions,
+        lr=1e-4,
+        updates=updates,
+        llds_coef=0.2 if llds else 0.0,
+        device="cpu",
+    )
+    t0 = time.perf_counter()
+    summary, _ = probe_model(cfg)
+    print(f"probe {name}: {summary} ({time.perf_counter() - t0:.0f} s)", flush=True)
+    return json.loads((where / "probe.json").read_text())
+
+
+PROBES = {  # name: (updates, LLDS on)
+    "one-update": (1, False),
+    "4-updates": (4, False),
+    "4-updates-llds": (4, True),
+}
+
+
+def run_dir(out: Path, arm: str, seed: int) -> Path:
+    return out / arm.replace("+", "_") / f"seed{seed}"
+
+
+def arm_config(out: Path, arm: str, seed: int, steps: int | None) -> TrainConfig:
+    return load_config(
+        "smollm2-trivia",
+        [
+            f"run_dir={run_dir(out, arm, seed)}",
+            f"seed={seed}",
+            f"model.path={out / 'sft' / 'model'}",
+            f"data.train={out / 'data' / 'train.jsonl'}",
+            f"data.eval={out / 'data' / 'eval.jsonl'}",
+            f"retriever.source={out / 'index'}",
+            *ARMS[arm],
+            *([f"steps={steps}"] if steps else []),
+        ],
+    )
+
+
+def run_all(out: Path, seeds: Sequence[int], parallel: int, steps: int | None) -> None:
+    """Every unfinished (arm, seed) in its own process, `parallel` at a time."""
+    run_unfinished([arm_config(out, arm, s, steps) for s in seeds for arm in ARMS], parallel, 10.0)
+
+
+# ------------------------------------------------------------------------------------ report
+
+
+def _evals(run: Path, start: Path) -> dict[int, EvalResult]:
+    found = {0: EvalResult.read(start)} if start.is_file() else {}
+    for f in sorted((run / "eval").glob("step_*.json")):
+        found[int(f.stem.split("_")[1])] = EvalResult.read(f)
+    return found
+
+
+def _source(res: EvalResult, source: str, field: str) -> float:
+    scores = res.by_source.get(source)
+    return getattr(scores, field) if scores is not None and scores.n else float("nan")
+
+
+def _mean(rows: Sequence[dict[str, Any]], key: str) -> float | None:
+    vals = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
+    return statistics.fmean(vals) if vals else None
+
+
+def _fmt(v: float | None, digits: int = 3) -> str:
+    return "-" if v is None or v != v else f"{v:.{digits}f}"
+
+
+def _values(rows: Sequence[dict[str, Any]], key: str) -> list[float]:
+    return [r[key] for r in rows if isinstance(r.get(key), float) and r[key] == r[key]]
+
+
+def _series(evals: dict[int, EvalResult], source: str, field: str) -> str:
+    return " / ".join(_fmt(_source(evals[s], source, field)) for s in sorted(evals))
+
+
+def run_row(arm: str, seed: int, run: Path, start: Path) -> str:
+    """One run's line of the table."""
+    rows = read_metrics(run)
+    evals = _evals(run, start)
+    disp, fell = _values(rows, keys.DISP_POS), _values(rows, keys.FRAC_POS_FELL)
+    reward = f"{_fmt(_mean(rows[:10], 'reward/mean'))} / {_fmt(_mean(rows[-10:], 'reward/mean'))}"
+    return (
+        f"| {arm} | {seed} | {rows[-1]['step']} | {_series(evals, 'held-out', 'em')} "
+        f"(steps {', '.join(map(str, sorted(evals)))}) | {_series(evals, 'held-out', 'f1')} "
+        f"| {_series(evals, 'transfer', 'em')} | {_series(evals, 'held-out', 'valid_searches')} "
+        f"| {reward} | {_fmt(statistics.median(disp) if disp else None, 2)} / "
+        f"{_fmt(statistics.median(fell) if fell else None, 2)} "
+        f"| {sum(d < 0 for d in disp)} of {len(disp)} "
+        f"| {sum(r.get('time/step', 0.0) for r in rows) / 60:.0f} |"
+    )
+
+
+def table(out: Path, seeds: Sequence[int]) -> str:
+    start = eval_file(out / "sft", 0)
+    lines = [
+        "| arm | seed | steps | held-out EM @ each eval | held-out F1 | transfer EM @ each eval "
+        "| valid searches / question (held-out) | reward first / last 10 steps "
+        "| median disp_pos / frac_pos_fell | steps with disp_pos < 0 | min / run |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for arm in ARMS:
+        for seed in seeds:
+            run = run_dir(out, arm, seed)
+            if (run / "metrics.jsonl").is_file():
+                lines.append(run_row(arm, seed, run, start))
+    return "\n".join(lines)
+
+
+def probe_table(out: Path) -> str:
+    lines = [
+        "| probe | updates | LLDS | questions probed | share whose correct responses lost "
+        "likelihood | first-order share | median drag / pull "
+        "| mean change of correct / incorrect |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, (updates, llds) in PROBES.items():
+        f = out / "probe" / name / "probe.json"
+        if not f.is_file():
+            continue
+        s = json.loads(f.read_text())
+        if not s.get("probed"):
+            lines.append(f"| {name} | {updates} | {llds} | 0 | - | - | - | - |")
+            continue
+        lines.append(
+            f"| {name} | {updates} | {'on' if llds else 'off'} | {s['probed']} "
+            f"| {s['lld_share']:.2f} | {s['first_order_lld_share']:.2f} "
+            f"| {s['median_drag_to_pull']:.2f} "
+            f"| {s['mean_disp_correct']:+.3f} / {s['mean_disp_incorrect']:+.3f} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=Path("runs/smollm2-rl"))
+    ap.add_argument("--stages", default=",".join(STAGES), help=f"any of {','.join(STAGES)}")
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--parallel", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=None, help="override the preset's 60 steps")
+    ap.add_argument("--sft-steps", type=int, default=None, help="override the warm start's 60")
+    ap.add_argument("--probe-questions", type=int, default=64)
+    ap.add_argument("--probes", default=",".join(PROBES), help=f"any of {','.join(PROBES)}")
+    args = ap.parse_args()
+    stages = {s.strip() for s in args.stages.split(",") if s.strip()}
+    unknown = stages - set(STAGES)
+    if unknown:
+        ap.error(f"--stages: unknown {sorted(unknown)}; choose from {', '.join(STAGES)}")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"machine: {machine()}")
+    if "data" in stages:
+        write_data(out)
+    if "index" in stages:
+        build_index(out)
+    if "sft" in stages:
+        warm_start(out, args.sft_steps)
+    if "probe" in stages:
+        for name in args.probes.split(","):
+            updates, llds = PROBES[name]
+            probe(out, name, args.probe_questions, updates, llds)
+    if "runs" in stages:
+        run_all(out, seeds, args.parallel, args.steps)
+    print(f"command: `python benchmarks/smollm2_rl.py {' '.join(sys.argv[1:])}`".strip())
+    print(table(out, seeds))
+    print()
+    print(probe_table(out))
+
+
+if __name__ == "__main__":
+    main()
