@@ -13,7 +13,7 @@ from llds.errors import ConfigError
 from llds.models.hf import load_policy
 from llds.rollout.batch import Episode, RolloutBatch
 from llds.train.config import LoRAConfig, load_config
-from llds.train.forward import response_log_probs
+from llds.train.forward import response_log_probs, split_lm_head
 from llds.train.lora import ADAPTER_DIR, WithoutAdapters, attach_lora, is_lora, load_adapter
 from llds.train.trainer import GRPOTrainer
 
@@ -93,6 +93,11 @@ def test_training_moves_adapters_only_and_the_reference_stays_the_base(
     # the reference is the initial policy: the base model's log-probs, adapters on or not
     reference = make_tiny_model(world_tokenizer, seed=1)
     assert torch.allclose(_logp(tr.ref_model, batch), _logp(reference, batch), atol=1e-6)
+    # ... with the LM head on the written tokens only, as the policy's own passes
+    assert split_lm_head(tr.ref_model) is not None
+    with torch.no_grad():
+        full, _ = response_log_probs(tr.ref_model, batch, actions_only=False)
+    assert torch.allclose(_logp(tr.ref_model, batch), full * batch.loss_mask, atol=1e-6)
     assert not torch.allclose(_logp(tr.model, batch), _logp(reference, batch), atol=1e-6)
     assert tr.model.training  # the reference pass does not switch the policy's mode
 

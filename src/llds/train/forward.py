@@ -69,7 +69,11 @@ def response_log_probs(
 def split_lm_head(model) -> tuple[object, object] | None:
     """`(backbone, lm_head)` when logits are a plain linear map of the backbone's last hidden
     state (no soft-capping, no adapter on the head); None otherwise. A peft model is unwrapped:
-    its adapters live inside the backbone's layers, so the backbone call still runs them."""
+    its adapters live inside the backbone's layers, so the backbone call still runs them. A
+    wrapper that knows its own split (the LoRA reference, `lm_head_split`) gives it."""
+    own = getattr(model, "lm_head_split", None)
+    if callable(own):
+        return own()
     if hasattr(model, "get_base_model"):
         model = model.get_base_model()
     if _sharded_root(model):

@@ -90,3 +90,32 @@ class WithoutAdapters:
 
     def modules(self) -> Any:
         return self.model.modules()
+
+    def lm_head_split(self) -> tuple[Any, Any] | None:
+        """The policy's `(backbone, lm_head)` split (see `split_lm_head`), each called with the
+        adapters off and without gradients, so the reference pass runs the head only on the
+        model-written tokens too; None when the policy cannot be split."""
+        from llds.train.forward import split_lm_head
+
+        parts = split_lm_head(self.model)
+        if parts is None:
+            return None
+        backbone, head = parts
+        return _AdaptersOff(self.model, backbone), _AdaptersOff(self.model, head)
+
+
+class _AdaptersOff:
+    """A part of a LoRA policy called with the policy's adapters off and no gradients; offers
+    what `response_log_probs` reads from the model it calls (`training`, `modules()`)."""
+
+    training = False
+
+    def __init__(self, policy, part) -> None:
+        self.policy, self.part = policy, part
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with torch.no_grad(), self.policy.disable_adapter():
+            return self.part(*args, **kwargs)
+
+    def modules(self) -> Any:
+        return self.part.modules()
