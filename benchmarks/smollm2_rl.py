@@ -9,8 +9,8 @@ Stages (each is skipped when its output already exists, so the command resumes a
 2. index: BM25 over the Wikipedia summaries (`OUT/index`).
 3. warm start: `llds sft --config sft-smollm2-trivia` on the training questions, then greedy EM
    of the warm start on eval.jsonl (step 0 of every run).
-4. probe: the one-step probe (Eq. 3, plain SGD) on the warm start over training questions
-   (groups that mix correct and incorrect answers are probed), once with one update (the paper's
+4. probe: the one-step probe (Eq. 3, plain SGD) on the warm start over training questions in
+   order until 30 groups mixed correct and incorrect answers, once with one update (the paper's
    Fig. 3a) and once with K updates on the same group with LLDS on or off (LLDS is exactly 0 on
    the first update, where pi_theta = pi_old, so only K > 1 can show it).
 5. runs: `llds train --config smollm2-trivia` for each arm and seed, 2 at a time.
@@ -123,9 +123,13 @@ def warm_start(out: Path, sft_steps: int | None) -> Path:
     return sft
 
 
+PROBED = 30  # the probe goes through the training questions in order until this many are mixed
+
+
 def probe(out: Path, name: str, questions: int, updates: int, llds: bool) -> dict[str, Any]:
-    """The probe of the warm start on the first `questions` training questions, 8 rollouts
-    each; cached in `OUT/probe/NAME/probe.json`."""
+    """The probe of the warm start on the training questions in order, 8 rollouts each, until
+    PROBED of them had mixed groups or `questions` were sampled; cached in
+    `OUT/probe/NAME/probe.json`."""
     from llds.diagnostics.probe import ProbeConfig, probe_model
 
     where = out / "probe" / name
@@ -137,6 +141,7 @@ def probe(out: Path, name: str, questions: int, updates: int, llds: bool) -> dic
         retriever=str(out / "index"),
         out=str(where),
         limit=questions,
+        max_probed=PROBED,
         lr=1e-4,
         updates=updates,
         llds_coef=0.2 if llds else 0.0,
@@ -277,7 +282,7 @@ def main() -> None:
     ap.add_argument("--parallel", type=int, default=2)
     ap.add_argument("--steps", type=int, default=None, help="override the preset's 60 steps")
     ap.add_argument("--sft-steps", type=int, default=None, help="override the warm start's 60")
-    ap.add_argument("--probe-questions", type=int, default=64)
+    ap.add_argument("--probe-questions", type=int, default=128, help="at most this many")
     ap.add_argument("--probes", default=",".join(PROBES), help=f"any of {','.join(PROBES)}")
     args = ap.parse_args()
     stages = {s.strip() for s in args.stages.split(",") if s.strip()}

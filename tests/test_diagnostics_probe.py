@@ -225,6 +225,12 @@ def test_a_resumed_probe_gives_what_the_whole_probe_gives(
         model, world_tokenizer, world_retriever, [ex, ex, ex], progress=False, start=1, **kwargs
     )
     assert resumed == [r for i, r in seen if i >= 1 and r is not None]
+    seen.clear()
+    first = run_probe(
+        model, world_tokenizer, world_retriever, [ex, ex, ex], progress=False, max_probed=1,
+        on_question=lambda i, r: seen.append((i, r)), **kwargs,
+    )  # fmt: skip
+    assert first == whole[:1] and [i for i, _ in seen] == [0]  # stops once one was probed
 
 
 def test_probe_model_resumes_from_its_partial_file_and_names_a_foreign_one(
@@ -264,6 +270,10 @@ def test_probe_model_resumes_from_its_partial_file_and_names_a_foreign_one(
     assert results == [earlier] and summary["probed"] == 1 and summary["lld_share"] == 1.0
     assert json.loads((out / "probe.json").read_text())["settings"]["limit"] == 3
     assert not (out / PARTIAL).exists()
+    # a larger --limit resumes the same partial probe; --max-probed 1 is already reached
+    (out / PARTIAL).write_text(text)
+    more = dataclasses.replace(cfg, limit=6, max_probed=1)
+    assert probe_model(more)[1] == [earlier] and not (out / PARTIAL).exists()
 
     (out / PARTIAL).write_text(json.dumps({"settings": {**_settings(cfg), "lr": 9.0}}) + "\n")
     with pytest.raises(UserInputError, match=PARTIAL):

@@ -188,12 +188,14 @@ def run_probe(
     llds_coef: float = 0.0,
     start: int = 0,
     on_question: Callable[[int, ProbeResult | None], None] | None = None,
+    max_probed: int | None = None,
 ) -> list[ProbeResult]:
     """Probe every example from index `start` on; questions whose group is all-correct or
     all-wrong are skipped (GRPO gives them zero advantage, so there is nothing to displace).
 
     Question i's rollouts are seeded by (seed, i) alone, so a probe resumed at `start` gives
-    what the whole probe would have; `on_question(i, result or None)` is called after each."""
+    what the whole probe would have; `on_question(i, result or None)` is called after each.
+    With `max_probed` it stops once that many questions were probed."""
     cfg = rollout or RolloutConfig()
     engine = RolloutEngine(model, tokenizer, retriever, cfg)
     results: list[ProbeResult] = []
@@ -204,6 +206,8 @@ def run_probe(
         for i, ex in enumerate(examples):
             if i < start:
                 continue
+            if max_probed is not None and len(results) >= max_probed:
+                break
             ids = build_prompt_ids(tokenizer, ex.question, template, chat=chat)
             reqs = [RolloutRequest(ids, ex.id, ex.id, ex.answers) for _ in range(group_size)]
             gen = torch.Generator().manual_seed(seed * 1_000_003 + i)
@@ -333,6 +337,10 @@ class ProbeConfig(ModelOnData):
     llds_coef: float = dataclasses.field(
         default=0.0, metadata={"help": "LLDS lambda in the probe updates (0: GRPO alone)"}
     )
+    max_probed: int | None = dataclasses.field(
+        default=None,
+        metadata={"help": "stop once this many questions were probed (None: all of --limit)"},
+    )
     device: str = dataclasses.field(default="auto", metadata={"help": "cpu, cuda, auto"})
 
 
@@ -340,8 +348,11 @@ PARTIAL = "probe.partial.jsonl"
 
 
 def _settings(cfg: ProbeConfig) -> dict[str, Any]:
-    """What a probe's results depend on (a partial probe resumes only under the same)."""
-    return {k: v for k, v in asdict(cfg).items() if k not in ("out", "device")}
+    """What each question's outcome depends on (a partial probe resumes only under the same).
+    Not how many questions: question i's outcome does not depend on it, so a probe resumed with
+    a larger --limit or --max-probed goes on where it stopped."""
+    skip = ("out", "device", "limit", "max_probed")
+    return {k: v for k, v in asdict(cfg).items() if k not in skip}
 
 
 def _resume(path, settings: dict[str, Any]) -> tuple[int, list[ProbeResult]]:
@@ -426,8 +437,12 @@ def probe_model(
         llds_coef=cfg.llds_coef,
         start=start,
         on_question=record,
+        max_probed=None if cfg.max_probed is None else max(0, cfg.max_probed - len(earlier)),
     )
-    summary = {**summarize(results), "settings": settings}
+    summary = {
+        **summarize(results),
+        "settings": {**settings, "limit": cfg.limit, "max_probed": cfg.max_probed},
+    }
     write_json(out / "probe.json", summary)
     if results:
         title = "One-step probe" if cfg.updates == 1 else f"{cfg.updates}-update probe"
