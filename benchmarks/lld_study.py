@@ -212,6 +212,47 @@ def _mean(rows: Sequence[dict[str, Any]], key: str) -> float | None:
     return statistics.fmean(vals) if vals else None
 
 
+def deepest_dip(smooth: Sequence[float]) -> tuple[int, int]:
+    """`(peak, trough)` indices of the largest fall of a series: the pair peak < trough that
+    maximizes smooth[peak] - smooth[trough] (0, 0 for a series that never falls)."""
+    best, best_pair, top = 0.0, (0, 0), 0
+    for i, v in enumerate(smooth):
+        if v > smooth[top]:
+            top = i
+        if smooth[top] - v > best:
+            best, best_pair = smooth[top] - v, (top, i)
+    return best_pair
+
+
+DIP_KEYS = (  # what the deepest-dip table compares between the first 50 steps and the fall
+    keys.DISP_POS,
+    keys.FRAC_POS_FELL,
+    "lld/logp_correct",
+    keys.ENTROPY,
+    "policy/approx_kl",
+    "policy/clip_frac_low",
+)
+
+
+def dip_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The deepest fall of the 10-step median reward (descriptive, found after the runs) and
+    the medians of DIP_KEYS over it and over the first 50 steps: LLD shows as pushed-up
+    responses losing likelihood during the fall; a diverging step size as KL and clip fractions
+    far above their start."""
+    reward = [r[keys.REWARD_MEAN] for r in rows]
+    smooth = [_median_window(reward, i, SMOOTH) or 0.0 for i in range(len(reward))]
+    peak, trough = deepest_dip(smooth)
+    fall = rows[peak : trough + 1]
+    return {
+        "peak_step": rows[peak]["step"],
+        "trough_step": rows[trough]["step"],
+        "peak": smooth[peak],
+        "trough": smooth[trough],
+        "fall": {k: _median_of(fall, k) for k in DIP_KEYS},
+        "start": {k: _median_of(rows[:LLD_WINDOW], k) for k in DIP_KEYS},
+    }
+
+
 def summarize_run(path: Path) -> dict[str, Any]:
     rows = read_metrics(path)
     if not rows:
@@ -242,6 +283,7 @@ def summarize_run(path: Path) -> dict[str, Any]:
         "worst_disp_pos": min(
             (r[keys.DISP_POS] for r in rows if r.get(keys.DISP_POS) is not None), default=None
         ),
+        "dip": dip_summary(rows),
         "probe_final": (
             json.loads((path / "probe_final" / "probe.json").read_text())
             if (path / "probe_final" / "probe.json").is_file()
@@ -306,6 +348,24 @@ def table(study: dict[str, dict[int, dict[str, Any]]], start: float | None) -> s
                 f"{_fmt(r['lld_steps'])} / {_fmt(r['worst_disp_pos'], 2)}",
                 _probe_cells(r.get("probe_final")),
             ]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def dip_table(study: dict[str, dict[int, dict[str, Any]]]) -> str:
+    """Each run's deepest reward fall with the medians of DIP_KEYS (first 50 steps -> fall)."""
+    head = ["arm", "seed", "10-step median reward: peak (step) -> trough (step)"]
+    head += [f"{k}: first 50 -> fall" for k in DIP_KEYS]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for arm, runs in study.items():
+        for seed, r in sorted(runs.items()):
+            d = r["dip"]
+            cells = [
+                arm,
+                str(seed),
+                f"{d['peak']:.2f} ({d['peak_step']}) -> {d['trough']:.2f} ({d['trough_step']})",
+            ]
+            cells += [f"{_fmt(d['start'][k], 3)} -> {_fmt(d['fall'][k], 3)}" for k in DIP_KEYS]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -397,6 +457,9 @@ def main() -> None:
         print(f"warm start probe (LLD / 1st-order LLD / drag:pull): {cells}")
     print()
     print(table(study, start))
+    print()
+    print("The deepest fall of each run's reward (descriptive, not pre-registered):")
+    print(dip_table(study))
     args.out.mkdir(parents=True, exist_ok=True)
     slim = {
         a: {s: {k: v for k, v in r.items() if k != "series"} for s, r in runs.items()}
