@@ -166,3 +166,26 @@ def test_llds_ma_beta_is_computed_over_the_global_batch(tmp_path):
     got = [json.loads((tmp_path / f"beta{r}.json").read_text()) for r in (0, 1)]
     assert [g["world"] for g in got] == [2, 2]
     assert [g["beta"] for g in got] == [1.0, 1.0]  # per rank it would be 1.0 and 0.0
+
+
+@pytest.mark.slow
+def test_a_retriever_lost_on_one_rank_stops_every_rank(tmp_path, small_world, world_tokenizer):
+    cfg = write_run_inputs(tmp_path, small_world, world_tokenizer, steps=2, prompts_per_step=4)
+    worker = Path(__file__).with_name("retriever_down_worker.py")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    proc = subprocess.run(
+        _torchrun(str(worker), str(cfg), str(run_dir)),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    # uncoordinated, rank 0 went on into the update and died in its all-reduce with gloo's
+    # "Connection closed by peer" once rank 1 had left
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = [json.loads((run_dir / f"outcome{r}.json").read_text()) for r in (0, 1)]
+    for g in got:
+        assert "did not answer" in g["outcome"] and "during step 1" in g["outcome"], g
+    assert not (run_dir / "metrics.jsonl").is_file() or not read_metrics(run_dir)  # no step

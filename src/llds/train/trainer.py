@@ -373,6 +373,22 @@ class GRPOTrainer:
             f"{self.ckpt_root}); once the retriever is back, resume with the same command"
         )
 
+    def _generate_on_every_rank(self, requests: list[RolloutRequest]) -> RolloutBatch:
+        """This rank's rollouts; when the retriever stopped answering on any rank, every rank
+        raises here, before the update's collectives: otherwise the others would go on into them
+        with a rank that left and fail there with a transport error (or wait, by backend)."""
+        failure: RetrievalServiceError | None = None
+        try:
+            with self.precision.autocast():
+                batch = self.engine.generate(requests)
+        except RetrievalServiceError as exc:
+            if exc.status is not None or not self.dist.enabled:
+                raise  # the service answered (a bad request), or there is no one to tell
+            failure = exc
+        if self.dist.enabled and float(self.dist.sum(float(failure is not None))) > 0:
+            raise failure or RetrievalServiceError(None, "the retriever failed on another rank")
+        return batch
+
     def train_step(self) -> dict[str, Any]:
         cfg = self.cfg
         k = self.step
@@ -392,8 +408,7 @@ class GRPOTrainer:
             for j in self.dist.shard(len(examples))
             for i in range(g)
         ]
-        with self.precision.autocast():
-            batch = self.engine.generate(requests)
+        batch = self._generate_on_every_rank(requests)
         t_rollout = time.perf_counter() - t0
 
         adv = group_advantages(batch.rewards, batch.group_ids, normalize_std=cfg.algo.normalize_std)
