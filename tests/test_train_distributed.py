@@ -169,6 +169,20 @@ def test_llds_ma_beta_is_computed_over_the_global_batch(tmp_path):
 
 
 @pytest.mark.slow
+def test_from_main_computes_once_and_gives_every_rank_the_answer(tmp_path):
+    worker = Path(__file__).with_name("from_main_worker.py")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        _torchrun(str(worker), str(tmp_path)), env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = [json.loads((tmp_path / f"from_main{r}.json").read_text()) for r in (0, 1)]
+    assert [g["calls"] for g in got] == [[0], []]  # computed on rank 0 only
+    want = {"computed_on": 0, "value": [1, "two", 3.0]}
+    assert [g["got"] for g in got] == [want, want]
+
+
+@pytest.mark.slow
 def test_a_retriever_lost_on_one_rank_stops_every_rank(tmp_path, small_world, world_tokenizer):
     cfg = write_run_inputs(tmp_path, small_world, world_tokenizer, steps=2, prompts_per_step=4)
     worker = Path(__file__).with_name("retriever_down_worker.py")

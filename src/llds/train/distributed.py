@@ -10,12 +10,14 @@ optimizer step: the update equals the single-process update on the same global b
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 import torch
 
 from llds.metrics import reduction_of
+
+T = TypeVar("T")
 
 
 class Dist:
@@ -85,6 +87,18 @@ class Dist:
                 total = sum(w for _, w in nums)
                 out[k] = sum(v * w for v, w in nums) / total if total else float("nan")
         return out
+
+    def from_main(self, make: Callable[[], T]) -> T:
+        """`make()` computed on the main process only and sent to every rank (picklable): for
+        work whose answer is the same everywhere, such as verifying a checkpoint on a shared
+        disk, which would otherwise be read and hashed once per rank."""
+        if not self.enabled:
+            return make()
+        import torch.distributed as td
+
+        box = [make() if self.is_main else None]
+        td.broadcast_object_list(box, src=0)
+        return box[0]
 
     def barrier(self) -> None:
         if self.enabled:

@@ -128,7 +128,10 @@ class GRPOTrainer:
                 f"processes ({self.dist.world}) so that every rank gets whole groups"
             )
         self.resume = resume
-        ckpt, self.damaged = find_resumable(self.ckpt_root) if resume else (None, [])
+        # verified (every file hashed) once, on the main process: the disk is shared
+        ckpt, self.damaged = (
+            self.dist.from_main(lambda: find_resumable(self.ckpt_root)) if resume else (None, [])
+        )
         changed = self._check_config_changes(ckpt, parse_allowances(allow_config_change))
 
         # float32 master weights whatever model.dtype says; that is the compute dtype
