@@ -155,14 +155,19 @@ def test_fsdp_trainer_equals_one_process_and_resumes(tmp_path, small_world, worl
         assert m_fsdp[0][key] == pytest.approx(m_one[0][key], rel=1e-4), key
 
 
-@pytest.mark.slow
-def test_llds_ma_beta_is_computed_over_the_global_batch(tmp_path):
-    worker = Path(__file__).with_name("beta_worker.py")
+def _run_worker(name: str, *args: str) -> None:
+    """Run `tests/NAME` on 2 ranks; fails the test with the workers' stderr if they failed."""
+    worker = Path(__file__).with_name(name)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
-        _torchrun(str(worker), str(tmp_path)), env=env, capture_output=True, text=True, timeout=300
+        _torchrun(str(worker), *args), env=env, capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_llds_ma_beta_is_computed_over_the_global_batch(tmp_path):
+    _run_worker("beta_worker.py", str(tmp_path))
     got = [json.loads((tmp_path / f"beta{r}.json").read_text()) for r in (0, 1)]
     assert [g["world"] for g in got] == [2, 2]
     assert [g["beta"] for g in got] == [1.0, 1.0]  # per rank it would be 1.0 and 0.0
@@ -170,12 +175,7 @@ def test_llds_ma_beta_is_computed_over_the_global_batch(tmp_path):
 
 @pytest.mark.slow
 def test_from_main_computes_once_and_gives_every_rank_the_answer(tmp_path):
-    worker = Path(__file__).with_name("from_main_worker.py")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        _torchrun(str(worker), str(tmp_path)), env=env, capture_output=True, text=True, timeout=300
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    _run_worker("from_main_worker.py", str(tmp_path))
     got = [json.loads((tmp_path / f"from_main{r}.json").read_text()) for r in (0, 1)]
     assert [g["calls"] for g in got] == [[0], []]  # computed on rank 0 only
     want = {"computed_on": 0, "value": [1, "two", 3.0]}
@@ -185,20 +185,11 @@ def test_from_main_computes_once_and_gives_every_rank_the_answer(tmp_path):
 @pytest.mark.slow
 def test_a_retriever_lost_on_one_rank_stops_every_rank(tmp_path, small_world, world_tokenizer):
     cfg = write_run_inputs(tmp_path, small_world, world_tokenizer, steps=2, prompts_per_step=4)
-    worker = Path(__file__).with_name("retriever_down_worker.py")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    proc = subprocess.run(
-        _torchrun(str(worker), str(cfg), str(run_dir)),
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
     # uncoordinated, rank 0 went on into the update and died in its all-reduce with gloo's
     # "Connection closed by peer" once rank 1 had left
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    _run_worker("retriever_down_worker.py", str(cfg), str(run_dir))
     got = [json.loads((run_dir / f"outcome{r}.json").read_text()) for r in (0, 1)]
     for g in got:
         assert "did not answer" in g["outcome"] and "during step 1" in g["outcome"], g
