@@ -95,11 +95,9 @@ def single_turn_config(
 
 def finished(cfg) -> bool:
     """Whether the training run of `cfg` (a `TrainConfig`) has logged its last step."""
-    from pathlib import Path
-
     from llds.train.tracking import read_metrics
 
-    rows = read_metrics(cfg.run_dir) if (Path(cfg.run_dir) / "metrics.jsonl").is_file() else []
+    rows = read_metrics(cfg.run_dir)  # [] when the run has not started
     return bool(rows) and rows[-1]["step"] >= cfg.steps
 
 

@@ -432,7 +432,11 @@ def main() -> None:
     seeds = SEED_SETS[args.set]
     if args.factor != "organism":
         args.out = args.out / args.factor
-        args.demo = build_warm_start(args.factor, args.out, args.sft_steps)
+        # tables only read what is on disk: no world or warm start is built for them
+        if args.summarize_only:
+            args.demo = args.out / "warm"
+        else:
+            args.demo = build_warm_start(args.factor, args.out, args.sft_steps)
     if not args.summarize_only:
         if not (args.demo / "sft" / "model").is_dir():
             raise SystemExit(f"{args.demo}: no warm start; run `llds demo --out {args.demo}`")

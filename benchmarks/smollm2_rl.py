@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine, run_unfinished
 from llds import metrics as keys
 from llds.train.config import TrainConfig, load_config
-from llds.train.eval_result import EvalResult, eval_file
+from llds.train.eval_result import EvalResult, eval_file, eval_files
 from llds.train.tracking import read_metrics
 
 TRAIN_LISTS = ("worldcapitals", "elements")
@@ -150,7 +150,7 @@ def probe(out: Path, name: str, questions: int, updates: int, llds: bool) -> dic
     t0 = time.perf_counter()
     summary, _ = probe_model(cfg)
     print(f"probe {name}: {summary} ({time.perf_counter() - t0:.0f} s)", flush=True)
-    return json.loads((where / "probe.json").read_text())
+    return summary
 
 
 PROBES = {  # name: (updates, LLDS on)
@@ -189,9 +189,9 @@ def run_all(out: Path, seeds: Sequence[int], parallel: int, steps: int | None) -
 
 
 def _evals(run: Path, start: Path) -> dict[int, EvalResult]:
+    """The run's evaluations by step, with the warm start's as step 0."""
     found = {0: EvalResult.read(start)} if start.is_file() else {}
-    for f in sorted((run / "eval").glob("step_*.json")):
-        found[int(f.stem.split("_")[1])] = EvalResult.read(f)
+    found.update({step: EvalResult.read(f) for step, f in eval_files(run)})
     return found
 
 
