@@ -129,12 +129,17 @@ PROBED = 30  # the probe goes through the training questions in order until this
 def probe(out: Path, name: str, questions: int, updates: int, llds: bool) -> dict[str, Any]:
     """The probe of the warm start on the training questions in order, 8 rollouts each, until
     PROBED of them had mixed groups or `questions` were sampled; cached in
-    `OUT/probe/NAME/probe.json`."""
+    `OUT/probe/NAME/probe.json`. The other variants then sample only the questions the
+    one-update probe probed: their rollouts are the same, so the result is what going through
+    all of them would give, and the variants compare question by question."""
     from llds.diagnostics.probe import ProbeConfig, probe_model
 
     where = out / "probe" / name
     if (where / "probe.json").is_file():
         return json.loads((where / "probe.json").read_text())
+    first = out / "probe" / "one-update"
+    if name != "one-update":  # the same questions and rollouts, without sampling the others
+        probe(out, "one-update", questions, 1, False)
     cfg = ProbeConfig(
         model=str(out / "sft" / "model"),
         data=[str(out / "data" / "train.jsonl")],
@@ -145,6 +150,7 @@ def probe(out: Path, name: str, questions: int, updates: int, llds: bool) -> dic
         lr=1e-4,
         updates=updates,
         llds_coef=0.2 if llds else 0.0,
+        questions_from="" if name == "one-update" else str(first),
         device="cpu",
     )
     t0 = time.perf_counter()

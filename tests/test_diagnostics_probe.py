@@ -278,3 +278,58 @@ def test_probe_model_resumes_from_its_partial_file_and_names_a_foreign_one(
     (out / PARTIAL).write_text(json.dumps({"settings": {**_settings(cfg), "lr": 9.0}}) + "\n")
     with pytest.raises(UserInputError, match=PARTIAL):
         probe_model(cfg)
+
+
+def test_a_probe_of_chosen_questions_gives_their_results_without_sampling_the_others(
+    small_world, world_tokenizer, world_retriever, monkeypatch
+):
+    model, _, ex, seed = _mixed_group(small_world, world_tokenizer, world_retriever)
+    other = dataclasses.replace(ex, id="other")
+    kwargs = dict(group_size=6, rollout=CFG, lr=1e-3, seed=seed, template=TEMPLATE)
+    examples = [ex, other, ex]
+    whole = run_probe(model, world_tokenizer, world_retriever, examples, progress=False, **kwargs)
+    sampled = []
+    generate = RolloutEngine.generate
+
+    def counting(self, reqs, **kw):
+        sampled.append((reqs[0].example_id, kw["generator"].initial_seed()))
+        return generate(self, reqs, **kw)
+
+    monkeypatch.setattr(RolloutEngine, "generate", counting)
+    seen: list[tuple[int, ProbeResult | None]] = []
+    chosen = run_probe(
+        model, world_tokenizer, world_retriever, examples, progress=False, only={ex.id},
+        on_question=lambda i, r: seen.append((i, r)), **kwargs,
+    )  # fmt: skip
+    # question 1 was passed over, not sampled; question 2 keeps the rollout seed of index 2
+    assert sampled == [(ex.id, seed * 1_000_003), (ex.id, seed * 1_000_003 + 2)]
+    assert [i for i, _ in seen] == [0, 1, 2] and seen[1][1] is None
+    assert chosen == [r for r in whole if r.example_id == ex.id] and chosen  # question 0 mixed
+
+
+def test_questions_from_an_earlier_probe_must_have_sampled_the_same_way(tmp_path) -> None:
+    import json
+
+    from llds.diagnostics.probe import ProbeConfig, _settings, probed_questions
+    from llds.errors import UserInputError
+
+    cfg = ProbeConfig(model=str(tmp_path / "m"), data=[str(tmp_path / "d.jsonl")], seed=3)
+    earlier = ProbeResult("w:5", "q?", 1, 1, -0.5, -0.1, 0.2, 1.0, -0.3, 0.1, -0.4)
+    path = tmp_path / "earlier" / "probe.json"
+    path.parent.mkdir()
+    # another update rule and lr, the same sampling; paths written relative to the folder
+    settings = {**_settings(cfg), "updates": 1, "lr": 5.0, "model": "m", "data": ["d.jsonl"]}
+    path.write_text(json.dumps({"settings": settings, "results": [dataclasses.asdict(earlier)]}))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(tmp_path)
+        assert probed_questions(path.parent, dataclasses.replace(cfg, updates=4)) == {"w:5"}
+        with pytest.raises(UserInputError, match="seed is 3"):
+            probed_questions(path, dataclasses.replace(cfg, seed=4))
+        with pytest.raises(UserInputError, match="temperature"):
+            probed_questions(path, dataclasses.replace(cfg, temperature=0.7))
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(UserInputError, match=r"bad\.json"):
+        probed_questions(tmp_path / "bad.json", cfg)
+    # the partial file of a probe of all questions does not mention the option
+    assert "questions_from" not in _settings(cfg)
+    assert _settings(dataclasses.replace(cfg, questions_from="x"))["questions_from"] == "x"

@@ -20,7 +20,7 @@ import copy
 import dataclasses
 import math
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
@@ -189,13 +189,16 @@ def run_probe(
     start: int = 0,
     on_question: Callable[[int, ProbeResult | None], None] | None = None,
     max_probed: int | None = None,
+    only: Collection[str] | None = None,
 ) -> list[ProbeResult]:
     """Probe every example from index `start` on; questions whose group is all-correct or
     all-wrong are skipped (GRPO gives them zero advantage, so there is nothing to displace).
 
     Question i's rollouts are seeded by (seed, i) alone, so a probe resumed at `start` gives
     what the whole probe would have; `on_question(i, result or None)` is called after each.
-    With `max_probed` it stops once that many questions were probed."""
+    With `max_probed` it stops once that many questions were probed. With `only`, examples
+    whose id is not in it are passed over without sampling (their index still counts, so the
+    others get the rollouts they get in a probe of all)."""
     cfg = rollout or RolloutConfig()
     engine = RolloutEngine(model, tokenizer, retriever, cfg)
     results: list[ProbeResult] = []
@@ -208,6 +211,11 @@ def run_probe(
                 continue
             if max_probed is not None and len(results) >= max_probed:
                 break
+            if only is not None and ex.id not in only:
+                bar.advance(task)
+                if on_question is not None:
+                    on_question(i, None)
+                continue
             ids = build_prompt_ids(tokenizer, ex.question, template, chat=chat)
             reqs = [RolloutRequest(ids, ex.id, ex.id, ex.answers) for _ in range(group_size)]
             gen = torch.Generator().manual_seed(seed * 1_000_003 + i)
@@ -341,10 +349,20 @@ class ProbeConfig(ModelOnData):
         default=None,
         metadata={"help": "stop once this many questions were probed (None: all of --limit)"},
     )
+    questions_from: str = dataclasses.field(
+        default="",
+        metadata={
+            "help": "probe.json of an earlier probe of the same model, data, retriever, seed, "
+            "group size and temperature: probe only the questions it probed, on the same "
+            "rollouts (to compare updates or LLDS question by question at a fraction of the cost)"
+        },
+    )
     device: str = dataclasses.field(default="auto", metadata={"help": "cpu, cuda, auto"})
 
 
 PARTIAL = "probe.partial.jsonl"
+# what a question's rollouts depend on: an earlier probe chose its questions under the same
+ROLLOUT_SETTINGS = ("model", "data", "retriever", "group_size", "temperature", "seed")
 
 
 def _settings(cfg: ProbeConfig) -> dict[str, Any]:
@@ -352,6 +370,8 @@ def _settings(cfg: ProbeConfig) -> dict[str, Any]:
     Not how many questions: question i's outcome does not depend on it, so a probe resumed with
     a larger --limit or --max-probed goes on where it stopped."""
     skip = ("out", "device", "limit", "max_probed")
+    if not cfg.questions_from:  # absent, not "", so partial probes of all questions stay valid
+        skip += ("questions_from",)
     return {k: v for k, v in asdict(cfg).items() if k not in skip}
 
 
@@ -385,6 +405,44 @@ def _resume(path, settings: dict[str, Any]) -> tuple[int, list[ProbeResult]]:
     return (done[-1]["index"] + 1 if done else 0), results
 
 
+def _same_path(a: Any, b: Any) -> bool:
+    from pathlib import Path
+
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same_path(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, str) and isinstance(b, str):
+        return Path(a).resolve() == Path(b).resolve()
+    return a == b
+
+
+def probed_questions(path, cfg: ProbeConfig) -> set[str]:
+    """The example ids an earlier probe (`path`: its probe.json or its folder) probed, checked
+    to have sampled its rollouts as `cfg` will; a setting that differs is named."""
+    import json
+    from pathlib import Path
+
+    from llds.errors import UserInputError
+
+    path = Path(path)
+    if path.is_dir():
+        path = path / "probe.json"
+    try:
+        earlier = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise UserInputError(f"--questions-from {path}: not a readable probe.json ({e})") from None
+    settings = earlier.get("settings") if isinstance(earlier, dict) else None
+    if not isinstance(settings, dict) or not isinstance(earlier.get("results", []), list):
+        raise UserInputError(f"--questions-from {path}: no 'settings' and 'results' of a probe")
+    ours = asdict(cfg)
+    for key in ROLLOUT_SETTINGS:
+        if not _same_path(settings.get(key), ours[key]):
+            raise UserInputError(
+                f"--questions-from {path}: its {key} is {settings.get(key)!r}, this probe's is "
+                f"{ours[key]!r}; the questions would not get the same rollouts"
+            )
+    return {r["example_id"] for r in earlier.get("results", [])}
+
+
 def probe_model(
     cfg: ProbeConfig, protocol: Protocol | None = None
 ) -> tuple[dict[str, Any], list[ProbeResult]]:
@@ -412,6 +470,7 @@ def probe_model(
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     partial, settings = out / PARTIAL, _settings(cfg)
+    only = probed_questions(cfg.questions_from, cfg) if cfg.questions_from else None
     start, earlier = _resume(partial, settings)
     if start == 0:
         partial.write_text(json.dumps({"settings": settings}) + "\n", encoding="utf-8")
@@ -438,6 +497,7 @@ def probe_model(
         start=start,
         on_question=record,
         max_probed=None if cfg.max_probed is None else max(0, cfg.max_probed - len(earlier)),
+        only=only,
     )
     summary = {
         **summarize(results),
