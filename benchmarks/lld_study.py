@@ -41,9 +41,27 @@ from llds.train.eval_result import EvalResult, eval_file
 from llds.train.tracking import read_metrics
 
 HERE = Path(__file__).resolve().parent / "lld_study"
-ARMS: dict[str, str] = {"GRPO": "grpo.yaml", "GRPO+LLDS": "grpo-llds.yaml"}
+ARMS: dict[str, str] = {
+    "GRPO": "grpo.yaml",
+    "GRPO+LLDS": "grpo-llds.yaml",
+    # the variants, run where GRPO showed LLD (each changes one thing against GRPO+LLDS)
+    "GRPO+LLDS-MA": "grpo-llds-ma.yaml",
+    "GRPO+LLDS-lam0.1": "grpo-llds-lam0.1.yaml",
+    "GRPO+LLDS-lam0.01": "grpo-llds-lam0.01.yaml",
+    "GRPO+LLDS-token": "grpo-llds-token.yaml",
+    "GRPO+LLDS-response": "grpo-llds-response.yaml",
+}
+MAIN_ARMS = ["GRPO", "GRPO+LLDS"]
 SEED_SETS: dict[str, tuple[int, ...]] = {"tune": (10, 11, 12), "judge": (0, 1, 2)}
-COLORS = {"GRPO": "tab:red", "GRPO+LLDS": "tab:blue"}
+COLORS = {
+    "GRPO": "tab:red",
+    "GRPO+LLDS": "tab:blue",
+    "GRPO+LLDS-MA": "tab:green",
+    "GRPO+LLDS-lam0.1": "tab:purple",
+    "GRPO+LLDS-lam0.01": "tab:pink",
+    "GRPO+LLDS-token": "tab:olive",
+    "GRPO+LLDS-response": "tab:cyan",
+}
 
 # The collapse definition (pre-registered): the 10-step median training reward falls to at most
 # half of its running peak (a peak of at least 0.2) and stays there to the end of the run.
@@ -412,7 +430,7 @@ def main() -> None:
     ap.add_argument("--demo", type=Path, default=Path("runs/demo"))
     ap.add_argument("--out", type=Path, default=Path("runs/lld-study"))
     ap.add_argument("--set", choices=sorted(SEED_SETS), default="tune")
-    ap.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
+    ap.add_argument("--arms", nargs="+", choices=list(ARMS), default=MAIN_ARMS)
     ap.add_argument("--parallel", type=int, default=2)
     ap.add_argument(
         "--factor",
