@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -181,12 +180,25 @@ def _fmt(v: Any) -> str:
     return "-" if not isinstance(v, int | float) else f"{v:.3f}"
 
 
+def final_checkpoint(run_dir: Path) -> Path:
+    """The run's newest checkpoint that passes its manifest check (the one evaluated); a
+    damaged newer one is passed over, and none at all is an error naming what was wrong."""
+    from llds.errors import UserInputError
+    from llds.train.checkpoint import find_resumable
+
+    ckpt, damaged = find_resumable(run_dir / "checkpoints")
+    if ckpt is None:
+        why = "; ".join(f"{p.name}: {reason}" for p, reason in damaged) or "none written"
+        raise UserInputError(f"{run_dir / 'checkpoints'}: no intact checkpoint ({why})")
+    return ckpt
+
+
 def run_demo(cfg: DemoConfig) -> Path:
     from rich.console import Console
     from rich.table import Table
 
     from llds.diagnostics.report import write_report
-    from llds.train.checkpoint import latest_checkpoint
+    from llds.io import write_json
     from llds.train.eval_result import eval_file
 
     console = Console()
@@ -206,8 +218,7 @@ def run_demo(cfg: DemoConfig) -> Path:
     console.rule("[bold]4/4 evaluate and report")
     results = {"SFT start": start}
     for label, run_dir in runs.items():
-        ckpt = latest_checkpoint(run_dir / "checkpoints")
-        assert ckpt is not None
+        ckpt = final_checkpoint(run_dir)
         results[label] = evaluate_model(
             ckpt / "model", out, eval_file(run_dir, cfg.grpo_steps), cfg.eval_questions
         )
@@ -225,8 +236,6 @@ def run_demo(cfg: DemoConfig) -> Path:
         }
         table.add_row(label, *[f"{v:.3f}" for v in row], f"{res.overall.valid_searches:.2f}")
     console.print(table)
-    (out / "summary.json").write_text(
-        json.dumps({"results": summary, "minutes": (time.time() - t0) / 60}, indent=2)
-    )
+    write_json(out / "summary.json", {"results": summary, "minutes": (time.time() - t0) / 60})
     console.print(f"report: {report}   ({(time.time() - t0) / 60:.1f} min)")
     return report

@@ -148,14 +148,6 @@ def _prune(ckpt_root: Path, keep: int, protect: str) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
-def latest_checkpoint(ckpt_root: Path) -> Path | None:
-    pointer = ckpt_root / LATEST
-    if not pointer.is_file():
-        return None
-    path = ckpt_root / pointer.read_text(encoding="utf-8").strip()
-    return path if (path / TRAINER_STATE).is_file() else None
-
-
 def load_training_state(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """`(trainer_state, {optimizer, scheduler, rng})` of a checkpoint directory."""
     state = read_trainer_state(path)
