@@ -280,6 +280,33 @@ def probe_table(out: Path) -> str:
     return "\n".join(lines)
 
 
+def probe_pairs(out: Path) -> str:
+    """The protocol's LLDS question: on the same questions and rollouts, do fewer correct
+    responses lose likelihood over 4 updates with LLDS than without? Also draws
+    `OUT/probe/pairs.png`."""
+    from llds.diagnostics.probe import ProbeResult
+    from llds.diagnostics.probe_compare import compare_probes, plot_pairs
+
+    found = {}
+    for name in ("4-updates", "4-updates-llds"):
+        f = out / "probe" / name / "probe.json"
+        if not f.is_file():
+            return f"(no {name} probe yet)"
+        found[name] = [ProbeResult(**r) for r in json.loads(f.read_text()).get("results", [])]
+    a, b = found["4-updates"], found["4-updates-llds"]
+    if not a or not b:
+        return "(a 4-update probe probed no question)"
+    c = compare_probes(a, b)
+    plot_pairs(a, b, out / "probe" / "pairs.png", labels=("4 updates", "4 updates with LLDS"))
+    return (
+        f"4 updates with LLDS vs without, {c.questions} questions: fewer correct responses "
+        f"lost likelihood in {c.fewer_fell}, more in {c.more_fell}, the same in {c.same} "
+        f"(two-sided sign test p = {c.p_value:.3f}); questions with LLD {c.lld_share_a:.2f} "
+        f"without, {c.lld_share_b:.2f} with; mean change of the correct responses "
+        f"{c.mean_disp_correct_a:+.3f} without, {c.mean_disp_correct_b:+.3f} with"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path("runs/smollm2-rl"))
@@ -315,6 +342,7 @@ def main() -> None:
     print(table(out, seeds))
     print()
     print(probe_table(out))
+    print(probe_pairs(out))
 
 
 if __name__ == "__main__":
