@@ -280,6 +280,21 @@ def probe_table(out: Path) -> str:
     return "\n".join(lines)
 
 
+def write_run_report(out: Path, seeds: Sequence[int]) -> Path | None:
+    """`llds report` of every run on disk (both arms, each seed) into `OUT/report`."""
+    from llds.diagnostics.report import write_report
+
+    runs = {
+        f"{arm} seed {s}": run_dir(out, arm, s)
+        for arm in ARMS
+        for s in seeds
+        if (run_dir(out, arm, s) / "metrics.jsonl").is_file()
+    }
+    if not runs:
+        return None
+    return write_report(list(runs.values()), out / "report", labels=list(runs))
+
+
 def probe_pairs(out: Path) -> str:
     """The protocol's LLDS question: on the same questions and rollouts, do fewer correct
     responses lose likelihood over 4 updates with LLDS than without? Also draws
@@ -343,6 +358,9 @@ def main() -> None:
     print()
     print(probe_table(out))
     print(probe_pairs(out))
+    html = write_run_report(out, seeds)
+    if html is not None:
+        print(f"run report: {html}")
 
 
 if __name__ == "__main__":
