@@ -244,7 +244,8 @@ def test_probe_model_resumes_from_its_partial_file_and_names_a_foreign_one(
     from llds.errors import UserInputError
 
     write_run_inputs(tmp_path, small_world, world_tokenizer)
-    Protocol(prompt_template=TEMPLATE, topk=2, max_turns=1).write(tmp_path / "model")
+    protocol = Protocol(prompt_template=TEMPLATE, topk=2, max_turns=1)
+    protocol.write(tmp_path / "model")
     out = tmp_path / "probe"
     cfg = ProbeConfig(
         model=str(tmp_path / "model"),
@@ -257,8 +258,9 @@ def test_probe_model_resumes_from_its_partial_file_and_names_a_foreign_one(
     )
     earlier = ProbeResult("w:0", "q?", 1, 1, -0.5, -0.1, 0.2, 1.0, -0.3, 0.1, -0.4)
     out.mkdir()
+    settings = {**_settings(cfg), "protocol": dataclasses.asdict(protocol)}
     lines = [
-        {"settings": _settings(cfg)},
+        {"settings": settings},
         {"index": 0, "result": dataclasses.asdict(earlier)},
         {"index": 1, "result": None},
         {"index": 2, "result": None},
@@ -275,9 +277,13 @@ def test_probe_model_resumes_from_its_partial_file_and_names_a_foreign_one(
     more = dataclasses.replace(cfg, limit=6, max_probed=1)
     assert probe_model(more)[1] == [earlier] and not (out / PARTIAL).exists()
 
-    (out / PARTIAL).write_text(json.dumps({"settings": {**_settings(cfg), "lr": 9.0}}) + "\n")
+    (out / PARTIAL).write_text(json.dumps({"settings": {**settings, "lr": 9.0}}) + "\n")
     with pytest.raises(UserInputError, match=PARTIAL):
         probe_model(cfg)
+    # the same flags under another protocol (topk 3 instead of 2) sampled other rollouts
+    (out / PARTIAL).write_text(text)
+    with pytest.raises(UserInputError, match="'topk': 2"):
+        probe_model(cfg, dataclasses.replace(protocol, topk=3))
 
 
 def test_a_probe_of_chosen_questions_gives_their_results_without_sampling_the_others(
@@ -327,6 +333,14 @@ def test_questions_from_an_earlier_probe_must_have_sampled_the_same_way(tmp_path
             probed_questions(path, dataclasses.replace(cfg, seed=4))
         with pytest.raises(UserInputError, match="temperature"):
             probed_questions(path, dataclasses.replace(cfg, temperature=0.7))
+    # a recorded protocol must match too (files that lack one are not checked for it)
+    with_protocol = {**settings, "protocol": {"topk": 2}}
+    path.write_text(json.dumps({"settings": with_protocol, "results": []}))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(tmp_path)
+        assert probed_questions(path, cfg, {"topk": 2}) == set()
+        with pytest.raises(UserInputError, match="its protocol is"):
+            probed_questions(path, cfg, {"topk": 3})
     (tmp_path / "bad.json").write_text("{")
     with pytest.raises(UserInputError, match=r"bad\.json"):
         probed_questions(tmp_path / "bad.json", cfg)

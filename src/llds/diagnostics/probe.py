@@ -352,17 +352,19 @@ class ProbeConfig(ModelOnData):
     questions_from: str = dataclasses.field(
         default="",
         metadata={
-            "help": "probe.json of an earlier probe of the same model, data, retriever, seed, "
-            "group size and temperature: probe only the questions it probed, on the same "
-            "rollouts (to compare updates or LLDS question by question at a fraction of the cost)"
+            "help": "probe.json of an earlier probe with the same sampling settings (model, data, "
+            "retriever, seed, group size, temperature, protocol): probe only the questions it "
+            "probed, on the same rollouts (to compare updates or LLDS question by question)"
         },
     )
     device: str = dataclasses.field(default="auto", metadata={"help": "cpu, cuda, auto"})
 
 
 PARTIAL = "probe.partial.jsonl"
-# what a question's rollouts depend on: an earlier probe chose its questions under the same
-ROLLOUT_SETTINGS = ("model", "data", "retriever", "group_size", "temperature", "seed")
+# what a probe's questions' rollouts do not depend on; every other setting must match for
+# --questions-from (the model, data, retriever, seed, group size, temperature, protocol)
+NOT_SAMPLING = ("out", "device", "limit", "max_probed", "questions_from")
+NOT_SAMPLING += ("lr", "optimizer", "updates", "llds_coef")
 
 
 def _settings(cfg: ProbeConfig) -> dict[str, Any]:
@@ -415,7 +417,9 @@ def _same_path(a: Any, b: Any) -> bool:
     return a == b
 
 
-def probed_questions(path, cfg: ProbeConfig) -> set[str]:
+def probed_questions(
+    path, cfg: ProbeConfig, protocol: dict[str, Any] | None = None
+) -> set[str]:
     """The example ids an earlier probe (`path`: its probe.json or its folder) probed, checked
     to have sampled its rollouts as `cfg` will; a setting that differs is named."""
     import json
@@ -434,7 +438,9 @@ def probed_questions(path, cfg: ProbeConfig) -> set[str]:
     if not isinstance(settings, dict) or not isinstance(earlier.get("results", []), list):
         raise UserInputError(f"--questions-from {path}: no 'settings' and 'results' of a probe")
     ours = asdict(cfg)
-    for key in ROLLOUT_SETTINGS:
+    if protocol is not None and "protocol" in settings:  # older probes did not record it
+        ours["protocol"] = protocol
+    for key in (k for k in ours if k not in NOT_SAMPLING):
         if not _same_path(settings.get(key), ours[key]):
             raise UserInputError(
                 f"--questions-from {path}: its {key} is {settings.get(key)!r}, this probe's is "
@@ -469,8 +475,12 @@ def probe_model(
     template = proto.template()
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    partial, settings = out / PARTIAL, _settings(cfg)
-    only = probed_questions(cfg.questions_from, cfg) if cfg.questions_from else None
+    # the protocol (template, topk, turn limits) shapes every rollout: a resume or a
+    # --questions-from under another one would mix groups sampled differently
+    partial, settings = out / PARTIAL, {**_settings(cfg), "protocol": asdict(proto)}
+    only = (
+        probed_questions(cfg.questions_from, cfg, asdict(proto)) if cfg.questions_from else None
+    )
     start, earlier = _resume(partial, settings)
     if start == 0:
         partial.write_text(json.dumps({"settings": settings}) + "\n", encoding="utf-8")
