@@ -417,9 +417,7 @@ def _same_path(a: Any, b: Any) -> bool:
     return a == b
 
 
-def probed_questions(
-    path, cfg: ProbeConfig, protocol: dict[str, Any] | None = None
-) -> set[str]:
+def probed_questions(path, cfg: ProbeConfig, protocol: dict[str, Any] | None = None) -> set[str]:
     """The example ids an earlier probe (`path`: its probe.json or its folder) probed, checked
     to have sampled its rollouts as `cfg` will; a setting that differs is named."""
     import json
@@ -478,9 +476,7 @@ def probe_model(
     # the protocol (template, topk, turn limits) shapes every rollout: a resume or a
     # --questions-from under another one would mix groups sampled differently
     partial, settings = out / PARTIAL, {**_settings(cfg), "protocol": asdict(proto)}
-    only = (
-        probed_questions(cfg.questions_from, cfg, asdict(proto)) if cfg.questions_from else None
-    )
+    only = probed_questions(cfg.questions_from, cfg, asdict(proto)) if cfg.questions_from else None
     start, earlier = _resume(partial, settings)
     if start == 0:
         partial.write_text(json.dumps({"settings": settings}) + "\n", encoding="utf-8")
