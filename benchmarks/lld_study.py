@@ -388,7 +388,11 @@ def dip_table(study: dict[str, dict[int, dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
-def plot(study: dict[str, dict[int, dict[str, Any]]], path: Path) -> None:
+def plot(
+    study: dict[str, dict[int, dict[str, Any]]], path: Path, start: float | None = None
+) -> None:
+    """Reward, displacement, share fell and held-out EM per run (the warm start's EM, when
+    known, is step 0 of every EM curve)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -408,7 +412,7 @@ def plot(study: dict[str, dict[int, dict[str, Any]]], path: Path) -> None:
                 smooth = [_median_window(ys, i, SMOOTH) for i in range(len(ys))]
                 ax.plot(range(1, len(ys) + 1), smooth, color=color, lw=1, alpha=0.8)
                 ax.set_title(title, fontsize=10)
-            em = sorted(r["eval_em"].items())
+            em = sorted({**({0: start} if start is not None else {}), **r["eval_em"]}.items())
             axes[3].plot([s for s, _ in em], [v for _, v in em], color=color, marker="o", lw=1)
             if r["collapse_step"]:
                 axes[0].axvline(r["collapse_step"], color=color, ls=":", lw=0.8)
@@ -488,7 +492,7 @@ def main() -> None:
         for a, runs in study.items()
     }
     (args.out / f"lld_study_{args.set}.json").write_text(json.dumps(slim, indent=1))
-    plot(study, args.out / f"lld_study_{args.set}.png")
+    plot(study, args.out / f"lld_study_{args.set}.png", start)
 
 
 if __name__ == "__main__":
