@@ -361,17 +361,18 @@ class ProbeConfig(ModelOnData):
 
 
 PARTIAL = "probe.partial.jsonl"
+# where and how far a probe runs: no question's outcome depends on these
+RUN_ONLY = ("out", "device", "limit", "max_probed")
 # what a probe's questions' rollouts do not depend on; every other setting must match for
 # --questions-from (the model, data, retriever, seed, group size, temperature, protocol)
-NOT_SAMPLING = ("out", "device", "limit", "max_probed", "questions_from")
-NOT_SAMPLING += ("lr", "optimizer", "updates", "llds_coef")
+NOT_SAMPLING = (*RUN_ONLY, "questions_from", "lr", "optimizer", "updates", "llds_coef")
 
 
 def _settings(cfg: ProbeConfig) -> dict[str, Any]:
     """What each question's outcome depends on (a partial probe resumes only under the same).
     Not how many questions: question i's outcome does not depend on it, so a probe resumed with
     a larger --limit or --max-probed goes on where it stopped."""
-    skip = ("out", "device", "limit", "max_probed")
+    skip = RUN_ONLY
     if not cfg.questions_from:  # absent, not "", so partial probes of all questions stay valid
         skip += ("questions_from",)
     return {k: v for k, v in asdict(cfg).items() if k not in skip}
@@ -475,8 +476,9 @@ def probe_model(
     out.mkdir(parents=True, exist_ok=True)
     # the protocol (template, topk, turn limits) shapes every rollout: a resume or a
     # --questions-from under another one would mix groups sampled differently
-    partial, settings = out / PARTIAL, {**_settings(cfg), "protocol": asdict(proto)}
-    only = probed_questions(cfg.questions_from, cfg, asdict(proto)) if cfg.questions_from else None
+    sampling = asdict(proto)
+    partial, settings = out / PARTIAL, {**_settings(cfg), "protocol": sampling}
+    only = probed_questions(cfg.questions_from, cfg, sampling) if cfg.questions_from else None
     start, earlier = _resume(partial, settings)
     if start == 0:
         partial.write_text(json.dumps({"settings": settings}) + "\n", encoding="utf-8")
