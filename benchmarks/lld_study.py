@@ -143,8 +143,11 @@ def run_dir(out: Path, arm: str, seed: int) -> Path:
     return out / arm.replace("+", "_") / f"seed{seed}"
 
 
-def arm_config(demo: Path, out: Path, arm: str, seed: int) -> TrainConfig:
-    """The run of `arm` for `seed`: the arm's file plus the warm start's paths and the seed."""
+def arm_config(
+    demo: Path, out: Path, arm: str, seed: int, extra: Sequence[str] = ()
+) -> TrainConfig:
+    """The run of `arm` for `seed`: the arm's file plus the warm start's paths and the seed
+    (and `extra` overrides, for measurements that rerun part of a study run)."""
     return load_config(
         HERE / ARMS[arm],
         [
@@ -154,6 +157,7 @@ def arm_config(demo: Path, out: Path, arm: str, seed: int) -> TrainConfig:
             f"data.train={demo / 'world' / 'train.jsonl'}",
             f"data.eval={demo / 'world' / 'test.jsonl'}",
             f"retriever.source={demo / 'world' / 'corpus.jsonl'}",
+            *extra,
         ],
     )
 

@@ -1,0 +1,253 @@
+"""Where did the held-out answers go? The likelihood of the warm start's own held-out chains
+along the first steps of an LLD-study run.
+
+The study's displacement metrics (`lld/disp_pos`, ...) only see the rollouts of the batch. When
+held-out EM falls while the batch's pushed-up responses gain likelihood (the `long-chains`
+factor), they cannot say whether the updates took likelihood from correct chains that no batch
+contained. This script measures it directly:
+
+1. the reference set: the warm start's greedy trajectories on the held-out questions (fixed
+   token ids), split into correct and wrong;
+2. the first `--steps` steps of a study run, rerun with a checkpoint every `--every` steps (same
+   config and seed; each rerun is compared row by row with the study run's metrics);
+3. at every checkpoint: each reference trajectory's summed log-likelihood change against the
+   warm start (total, first action, later searches, final answer) and the greedy held-out EM.
+
+    python benchmarks/heldout_drift.py --factor long-chains --study runs/lld-study \\
+        --arms GRPO GRPO+LLDS --out runs/heldout-drift
+    python benchmarks/heldout_drift.py --factor organism --warm runs/demo --study runs/lld-study \\
+        --arms GRPO --out runs/heldout-drift
+
+Resumable (finished reruns and measured checkpoints are kept). Protocol and results:
+benchmarks/README.md, "long-chains: where did the held-out answers go?".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import machine, run_unfinished
+from lld_study import ARMS, arm_config, run_dir
+from llds.io import write_json
+from llds.train.tracking import read_metrics
+
+HELD_OUT = 120  # the study's held-out questions (its `data.eval_limit`)
+TOKEN_BUDGET = 16384
+PARTS = ("total", "first", "later_searches", "answer")
+# metric keys that differ between two runs of the same code and seed only by wall clock
+_CLOCK = ("time/", "throughput/")
+
+
+def chain_parts(token_logp: torch.Tensor, loss_mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per trajectory, the summed log-likelihood of its model-written tokens: in total, in its
+    first action, in the actions between the first and the last (its later searches), and in
+    its last action (the answer) when it has more than one action. `[B, T]` in, `[B]` each."""
+    from llds.algo.segments import action_segments
+
+    index, count = action_segments(loss_mask)
+    last = (count - 1).clamp(min=0).unsqueeze(1)
+    written = index >= 0
+    first = index == 0
+    answer = written & (index == last) & (index > 0)
+    middle = written & ~first & ~answer
+    lp = token_logp.float()
+    return {
+        "total": (lp * written).sum(-1),
+        "first": (lp * first).sum(-1),
+        "later_searches": (lp * middle).sum(-1),
+        "answer": (lp * answer).sum(-1),
+    }
+
+
+def drift_summary(before: Sequence[float], after: Sequence[float]) -> dict[str, float | None]:
+    """Median change and share that fell (change <= 0) of paired log-likelihoods."""
+    change = [b - a for a, b in zip(before, after, strict=True)]
+    if not change:
+        return {"median": None, "fell": None, "n": 0}
+    fell = sum(c <= 0 for c in change) / len(change)
+    return {"median": statistics.median(change), "fell": fell, "n": len(change)}
+
+
+def reading(correct: dict[str, Any]) -> str:
+    """The protocol's reading of the correct chains' change: displaced / overtaken / mixed."""
+    med, fell = correct["median"], correct["fell"]
+    if med is None:
+        return "-"
+    if med < 0 and fell > 0.5:
+        return "displaced"
+    if med >= 0:
+        return "overtaken"
+    return "mixed"
+
+
+def greedy_batch(model, tokenizer, warm: Path):
+    """Greedy trajectories of `model` on the held-out questions, as the study evaluates them."""
+    from llds.data.loaders import load_examples
+    from llds.demo import TEMPLATE, _rollout_cfg
+    from llds.env.prompts import build_prompt_ids
+    from llds.retrieval.factory import open_retriever
+    from llds.rollout import RolloutEngine, RolloutRequest
+
+    examples = load_examples(warm / "world" / "test.jsonl", limit=HELD_OUT)
+    retriever = open_retriever(warm / "world" / "corpus.jsonl")
+    engine = RolloutEngine(model, tokenizer, retriever, _rollout_cfg())
+    reqs = [
+        RolloutRequest(build_prompt_ids(tokenizer, ex.question, TEMPLATE), ex.id, ex.id, ex.answers)
+        for ex in examples
+    ]
+    return engine.generate(reqs)
+
+
+def measure(model_dir: Path, warm: Path, reference) -> dict[str, Any]:
+    """The reference chains' log-likelihood parts under `model_dir`, and its own greedy EM."""
+    from llds.models.hf import load_policy
+    from llds.train.forward import batched_log_probs
+
+    model, tok = load_policy(model_dir)
+    logp, _ = batched_log_probs(model, reference, TOKEN_BUDGET)
+    parts = chain_parts(logp, reference.loss_mask)
+    own = greedy_batch(model, tok, warm).episodes
+    return {
+        "parts": {k: v.tolist() for k, v in parts.items()},
+        "em": sum(ep.em for ep in own) / len(own),
+        "valid_searches": sum(ep.num_valid_searches for ep in own) / len(own),
+    }
+
+
+def compare_with_study(rerun: Path, study: Path, steps: int) -> dict[str, Any]:
+    """Row-by-row comparison of a rerun's metrics with the study run's over the first `steps`
+    steps: the largest absolute difference over every numeric key except the wall clock."""
+    a = {r["step"]: r for r in read_metrics(rerun) if r["step"] <= steps}
+    b = {r["step"]: r for r in read_metrics(study) if r["step"] <= steps}
+    worst, where = 0.0, None
+    for step in sorted(set(a) & set(b)):
+        for key, va in a[step].items():
+            vb = b[step].get(key)
+            if key.startswith(_CLOCK) or not isinstance(va, (int, float)):
+                continue
+            if not isinstance(vb, (int, float)):
+                continue
+            if math.isnan(va) and math.isnan(vb):
+                continue
+            d = abs(va - vb)
+            if d > worst or math.isnan(d):
+                worst, where = d, f"{key} @ {step}"
+    return {"rows": len(set(a) & set(b)), "max_abs_diff": worst, "where": where}
+
+
+def run_one(args, warm: Path, arm: str, seed: int) -> dict[str, Any]:
+    """Rerun (if needed) and measure one (arm, seed); the result is kept in drift.json."""
+    out = args.out / args.factor
+    cfg = arm_config(
+        warm,
+        out,
+        arm,
+        seed,
+        [f"steps={args.steps}", f"save_every={args.every}", "keep_checkpoints=1000"],
+    )
+    run_unfinished([cfg], 1)
+    rerun = Path(cfg.run_dir)
+    path = rerun / "drift.json"
+    done = json.loads(path.read_text()) if path.is_file() else {"checkpoints": {}}
+    for step in range(args.every, args.steps + 1, args.every):
+        if str(step) not in done["checkpoints"]:
+            model_dir = rerun / "checkpoints" / f"step_{step:06d}" / "model"
+            done["checkpoints"][str(step)] = measure(model_dir, warm, args.reference)
+            write_json(path, done)
+    study = run_dir(args.study / (args.factor if args.factor != "organism" else ""), arm, seed)
+    done["vs_study"] = compare_with_study(rerun, study, args.steps)
+    write_json(path, done)
+    return done
+
+
+def rows_of(
+    start: dict[str, Any], result: dict[str, Any], correct: list[bool]
+) -> list[dict[str, Any]]:
+    """One row per checkpoint: EM, searches, and the drift of correct / wrong chains."""
+    rows = []
+    for step, m in sorted(result["checkpoints"].items(), key=lambda kv: int(kv[0])):
+        row: dict[str, Any] = {"step": int(step), "em": m["em"], "searches": m["valid_searches"]}
+        for label, want in (("correct", True), ("wrong", False)):
+            for part in PARTS:
+                a = [x for x, c in zip(start["parts"][part], correct, strict=True) if c == want]
+                b = [x for x, c in zip(m["parts"][part], correct, strict=True) if c == want]
+                row[f"{label}/{part}"] = drift_summary(a, b)
+        rows.append(row)
+    return rows
+
+
+def _f(v: float | None, digits: int = 2) -> str:
+    return "-" if v is None else f"{v:+.{digits}f}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--factor", default="long-chains", help="long-chains, similar-names, organism")
+    ap.add_argument("--study", type=Path, default=Path("runs/lld-study"))
+    ap.add_argument("--warm", type=Path, help="the warm start (default: STUDY/FACTOR/warm)")
+    ap.add_argument("--arms", nargs="+", choices=list(ARMS), default=["GRPO", "GRPO+LLDS"])
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--every", type=int, default=10)
+    ap.add_argument("--out", type=Path, default=Path("runs/heldout-drift"))
+    args = ap.parse_args()
+    warm = args.warm or args.study / args.factor / "warm"
+    from llds.models.hf import load_policy
+
+    torch.set_num_threads(1)
+    model, tok = load_policy(warm / "sft" / "model")
+    args.reference = greedy_batch(model, tok, warm)
+    correct = [bool(ep.em) for ep in args.reference.episodes]
+    start = measure(warm / "sft" / "model", warm, args.reference)
+    print(f"machine: {machine()}")
+    print(
+        f"{args.factor}: warm start held-out EM {start['em']:.3f}; reference chains: "
+        f"{sum(correct)} correct, {len(correct) - sum(correct)} wrong"
+    )
+    summary: dict[str, Any] = {"start_em": start["em"], "runs": {}}
+    for arm in args.arms:
+        for seed in args.seeds:
+            result = run_one(args, warm, arm, seed)
+            rows = rows_of(start, result, correct)
+            half = next((r for r in rows if r["em"] <= start["em"] / 2), None)
+            verdict = reading(half["correct/total"]) if half else "no EM fall"
+            summary["runs"][f"{arm}/{seed}"] = {
+                "rows": rows,
+                "vs_study": result["vs_study"],
+                "half_em_step": half["step"] if half else None,
+                "reading": verdict,
+            }
+            vs = result["vs_study"]
+            print(
+                f"\n{arm} seed {seed}: rerun vs study run, {vs['rows']} rows, largest difference "
+                f"{vs['max_abs_diff']:.3g} ({vs['where']}); EM at most half the warm start's "
+                f"first at step {half['step'] if half else '-'}: {verdict}"
+            )
+            print(
+                "| step | EM | searches | correct chains: median change (fell) | first | "
+                "later searches | answer | wrong chains: median change (fell) |"
+            )
+            print("|---|---|---|---|---|---|---|---|")
+            for r in rows:
+                c, w = r["correct/total"], r["wrong/total"]
+                print(
+                    f"| {r['step']} | {r['em']:.3f} | {r['searches']:.2f} | "
+                    f"{_f(c['median'])} ({c['fell']:.2f}) | {_f(r['correct/first']['median'])} | "
+                    f"{_f(r['correct/later_searches']['median'])} | "
+                    f"{_f(r['correct/answer']['median'])} | {_f(w['median'])} ({w['fell']:.2f}) |"
+                )
+    write_json(args.out / args.factor / "heldout_drift.json", summary)
+
+
+if __name__ == "__main__":
+    main()
