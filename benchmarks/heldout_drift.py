@@ -25,6 +25,7 @@ benchmarks/README.md, "long-chains: where did the held-out answers go?".
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import statistics
@@ -100,7 +101,8 @@ def greedy_batch(model, tokenizer, warm: Path):
 
     examples = load_examples(warm / "world" / "test.jsonl", limit=HELD_OUT)
     retriever = open_retriever(warm / "world" / "corpus.jsonl")
-    engine = RolloutEngine(model, tokenizer, retriever, _rollout_cfg())
+    greedy = dataclasses.replace(_rollout_cfg(), temperature=0.0, group_size=1)
+    engine = RolloutEngine(model, tokenizer, retriever, greedy)
     reqs = [
         RolloutRequest(build_prompt_ids(tokenizer, ex.question, TEMPLATE), ex.id, ex.id, ex.answers)
         for ex in examples
