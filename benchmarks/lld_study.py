@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 import time
@@ -36,8 +37,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import finished, machine, run_unfinished
 from llds import metrics as keys
 from llds.diagnostics.alarms import scan_alarms
+from llds.env.rewards import normalize_answer
+from llds.env.tags import INFO_CLOSE, INFO_OPEN
 from llds.train.config import TrainConfig, load_config
-from llds.train.eval_result import EvalResult, eval_file
+from llds.train.eval_result import EvalRecord, EvalResult, eval_file
 from llds.train.tracking import read_metrics
 
 HERE = Path(__file__).resolve().parent / "lld_study"
@@ -275,6 +278,23 @@ def dip_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def copied_share(result: EvalResult) -> float | None:
+    """Share of the answered questions whose answer appears verbatim in a passage the model
+    retrieved for it: does the policy answer from its searches, or from memory? (Descriptive;
+    added after the `long-chains` runs, where held-out answers stopped following the passages.)"""
+    answered = [r for r in result.records if r.prediction and normalize_answer(r.prediction)]
+    if not answered:
+        return None
+    pattern = re.compile(re.escape(INFO_OPEN) + "(.*?)" + re.escape(INFO_CLOSE), re.S)
+
+    def copied(r: EvalRecord) -> bool:
+        # normalized as EM is (case, punctuation, articles), on word boundaries
+        passages = normalize_answer(" ".join(pattern.findall(r.response)))
+        return f" {normalize_answer(r.prediction or '')} " in f" {passages} "
+
+    return sum(map(copied, answered)) / len(answered)
+
+
 def summarize_run(path: Path) -> dict[str, Any]:
     rows = read_metrics(path)
     if not rows:
@@ -293,6 +313,10 @@ def summarize_run(path: Path) -> dict[str, Any]:
         "lead": None if collapse is None or first is None else collapse - first,
         "false_alarm": collapse is None and first is not None,
         "eval_em": {r["step"]: r["eval/em"] for r in rows if "eval/em" in r},
+        "copied": {
+            int(f.stem.split("_")[1]): copied_share(EvalResult.read(f))
+            for f in sorted((path / "eval").glob("step_*.json"))
+        },
         "first10": {
             "approx_kl": _mean(rows[:10], "policy/approx_kl"),
             "clip_frac": sum(
@@ -388,6 +412,19 @@ def dip_table(study: dict[str, dict[int, dict[str, Any]]]) -> str:
                 f"{d['peak']:.2f} ({d['peak_step']}) -> {d['trough']:.2f} ({d['trough_step']})",
             ]
             cells += [f"{_fmt(d['start'][k], 3)} -> {_fmt(d['fall'][k], 3)}" for k in DIP_KEYS]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def copied_table(study: dict[str, dict[int, dict[str, Any]]], start: float | None) -> str:
+    """Per run, the share of held-out answers copied from a retrieved passage at each
+    evaluation (`start`: the warm start's share)."""
+    evals = sorted({s for runs in study.values() for r in runs.values() for s in r["copied"]})
+    head = ["arm", "seed", "start", *[f"@ {s}" for s in evals]]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for arm, runs in study.items():
+        for seed, r in sorted(runs.items()):
+            cells = [arm, str(seed), _fmt(start, 2), *[_fmt(r["copied"].get(s), 2) for s in evals]]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -490,6 +527,10 @@ def main() -> None:
     print()
     print("The deepest fall of each run's reward (descriptive, not pre-registered):")
     print(dip_table(study))
+    print()
+    print("Held-out answers copied from a retrieved passage (descriptive, not pre-registered):")
+    start_copied = copied_share(EvalResult.read(start_file)) if start_file.is_file() else None
+    print(copied_table(study, start_copied))
     args.out.mkdir(parents=True, exist_ok=True)
     slim = {
         a: {s: {k: v for k, v in r.items() if k != "series"} for s, r in runs.items()}

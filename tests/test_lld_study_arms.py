@@ -55,3 +55,40 @@ def test_each_arm_changes_only_what_its_name_says(tmp_path: Path, arm: str) -> N
 def test_run_folders_of_the_arms_are_distinct(tmp_path: Path) -> None:
     dirs = {lld_study.run_dir(tmp_path, arm, 0) for arm in lld_study.ARMS}
     assert len(dirs) == len(lld_study.ARMS)
+
+
+def _record(prediction: str | None, response: str):
+    from llds.train.eval_result import EvalRecord
+
+    return EvalRecord(
+        id="q",
+        source="world",
+        question="?",
+        golds=["Pudrom"],
+        prediction=prediction,
+        em=0.0,
+        f1=0.0,
+        sub_em=0.0,
+        valid_searches=1,
+        answered=prediction is not None,
+        response=response,
+    )
+
+
+def test_copied_share_counts_answers_found_in_retrieved_passages() -> None:
+    passage = (
+        "<search> x </search>\n"
+        "<information>Doc 1 The currency of Dirdromro is Pudrom.</information>\n"
+    )
+    records = [
+        _record("Pudrom", passage + "<answer> Pudrom </answer>"),  # copied
+        _record("Dirdromro", passage + "<answer> Dirdromro </answer>"),  # copied, wrong
+        _record("Varglar", passage + "<answer> Varglar </answer>"),  # not in any passage
+        _record("Varglar", "<search> Varglar </search><answer> Varglar </answer>"),  # query only
+        _record("pudrom).", passage + "<answer> pudrom). </answer>"),  # copied, as EM normalizes
+        _record("Dirdrom", passage + "<answer> Dirdrom </answer>"),  # a prefix of a word only
+        _record(None, passage),  # unanswered: not counted
+    ]
+    result = lld_study.EvalResult.of(records)
+    assert lld_study.copied_share(result) == pytest.approx(3 / 6)
+    assert lld_study.copied_share(lld_study.EvalResult.of([_record(None, passage)])) is None
