@@ -236,6 +236,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("runs/heldout-drift"))
     args = ap.parse_args()
     warm = args.warm or args.study / args.factor / "warm"
+    if not (warm / "sft" / "model").is_dir() or not (warm / "world" / "test.jsonl").is_file():
+        raise SystemExit(f"{warm}: no warm start (sft/model) and world (world/test.jsonl) here")
     from llds.models.hf import load_policy
 
     torch.set_num_threads(1)
