@@ -188,33 +188,41 @@ def rows_of(
     return rows
 
 
-def plot(summary: dict[str, Any], path: Path, title: str) -> None:
+STYLES = ("-", "--", ":", "-.")
+
+
+def plot(summaries: dict[str, dict[str, Any]], path: Path) -> None:
     """Per run: held-out EM, and the median change of the correct and the wrong reference
-    chains' log-likelihood, from step 0 (the warm start)."""
+    chains' log-likelihood, from step 0 (the warm start); one line style per factor."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    for name, run in summary["runs"].items():
-        color = COLORS.get(name.split("/")[0], "black")
-        steps = [0] + [r["step"] for r in run["rows"]]
-        axes[0].plot(steps, [summary["start_em"]] + [r["em"] for r in run["rows"]], color=color)
-        for ax, label in zip(axes[1:], ("correct", "wrong"), strict=True):
-            ys = [0.0] + [r[f"{label}/total"]["median"] for r in run["rows"]]
-            ax.plot(steps, ys, color=color)
+    handles = []
+    for style, (factor, summary) in zip(STYLES, sorted(summaries.items()), strict=False):
+        arms = []
+        for name, run in summary["runs"].items():
+            arm = name.split("/")[0]
+            color = COLORS.get(arm, "black")
+            steps = [0] + [r["step"] for r in run["rows"]]
+            em = [summary["start_em"]] + [r["em"] for r in run["rows"]]
+            axes[0].plot(steps, em, color=color, ls=style, lw=1)
+            for ax, label in zip(axes[1:], ("correct", "wrong"), strict=True):
+                ys = [0.0] + [r[f"{label}/total"]["median"] for r in run["rows"]]
+                ax.plot(steps, ys, color=color, ls=style, lw=1)
+            if arm not in arms:
+                arms.append(arm)
+                handles.append(plt.Line2D([], [], color=color, ls=style, label=f"{factor} {arm}"))
     axes[0].set_title("held-out EM (greedy)", fontsize=10)
-    axes[1].set_title("warm start's correct chains: median change of log-lik (nats)", fontsize=10)
-    axes[2].set_title("warm start's wrong chains: median change of log-lik (nats)", fontsize=10)
+    axes[1].set_title("warm start's correct held-out chains: median change (nats)", fontsize=10)
+    axes[2].set_title("warm start's wrong held-out chains: median change (nats)", fontsize=10)
     for ax in axes:
         ax.set_xlabel("step")
     for ax in axes[1:]:
         ax.axhline(0, color="black", lw=0.6)
-    arms = {n.split("/")[0] for n in summary["runs"]}
-    handles = [plt.Line2D([], [], color=c, label=a) for a, c in COLORS.items() if a in arms]
     axes[0].legend(handles=handles, fontsize=8)
-    fig.suptitle(title, fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -283,7 +291,9 @@ def main() -> None:
                     f"{_f(r['correct/answer']['median'])} | {_f(w['median'])} ({w['fell']:.2f}) |"
                 )
     write_json(args.out / args.factor / "heldout_drift.json", summary)
-    plot(summary, args.out / args.factor / "heldout_drift.png", f"{args.factor}: held-out drift")
+    # one figure over every factor measured so far under --out
+    done = {p.parent.name: json.loads(p.read_text()) for p in args.out.glob("*/heldout_drift.json")}
+    plot(done, args.out / "heldout_drift.png")
 
 
 if __name__ == "__main__":
