@@ -41,6 +41,11 @@ DISP_POS_LATER_ACTIONS = "lld/disp_pos_later_actions"
 DISP_NEG = "lld/disp_neg"
 HIDDEN_COSINE = "lld/hidden_cos_correct_incorrect"
 OBS_MATCH = "lld/shared_first_search_wrong_frac"
+# fixed reference chains (the starting policy's greedy held-out answers; `diagnostics.reference`)
+REF_CORRECT_CHANGE = "lld/ref_correct_change"
+REF_CORRECT_FELL = "lld/ref_correct_fell"
+REF_WRONG_CHANGE = "lld/ref_wrong_change"
+REF_WRONG_FELL = "lld/ref_wrong_fell"
 
 Reduction = Literal["mean", "max", "min", "same"]
 

@@ -173,6 +173,11 @@ class DiagnosticsConfig:
     """every N steps, `lld/hidden_cos_correct_incorrect`: the mean cosine similarity of the last
     hidden states (averaged over response tokens) of correct and incorrect responses of a group
     (one extra forward over the mixed groups' rollouts); 0 = off"""
+    reference_every: int = 0
+    """every N steps, `lld/ref_*`: the likelihood change of fixed reference chains, the starting
+    policy's greedy answers to the held-out questions (`data.eval`, `data.eval_limit`), split
+    into those that were correct and wrong (one no-grad forward; main process only); 0 = off.
+    Sees what the batch cannot: correct answers to questions outside it losing likelihood"""
 
 
 @dataclass
@@ -301,9 +306,11 @@ class TrainConfig:
         if not 0 < self.diagnostics.sample_fraction <= 1:
             raise bad("diagnostics.sample_fraction", "must be in (0, 1]")
         d = self.diagnostics
-        for key in ("probe_every", "hidden_similarity_every"):
+        for key in ("probe_every", "hidden_similarity_every", "reference_every"):
             if getattr(d, key) < 0:
                 raise bad(f"diagnostics.{key}", f"must be >= 0 (0 = off), got {getattr(d, key)}")
+        if d.reference_every > 0 and not self.data.eval:
+            raise bad("diagnostics.reference_every", "needs data.eval (held-out questions)")
         if d.probe_every > 0 and d.probe_questions < 1:
             raise bad("diagnostics.probe_questions", f"must be >= 1, got {d.probe_questions}")
         if d.probe_every > 0 and not (d.probe_lr > 0 and math.isfinite(d.probe_lr)):

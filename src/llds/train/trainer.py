@@ -9,6 +9,7 @@ diagnostics -> metrics -> periodic atomic checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
@@ -36,6 +37,7 @@ from llds.diagnostics.likelihood import (
     shared_first_search_share,
 )
 from llds.diagnostics.probe import probe_metrics, run_probe
+from llds.diagnostics.reference import REFERENCE_FILE, ReferenceChains
 from llds.env.prompts import PromptTemplate, build_prompt_ids
 from llds.env.protocol import Protocol
 from llds.env.rewards import FormatRewardConfig
@@ -247,6 +249,9 @@ class GRPOTrainer:
             self.skipped_updates = int(state.get("skipped_updates", 0))
             log.info("resumed from %s at step %d", ckpt, self.step)
         self._prepare_run_dir(ckpt)
+        self.reference = self._reference_chains(
+            self.evaluator.examples if self.evaluator is not None else eval_examples
+        )
 
         self.logger: MetricsLogger | None = None
         self.monitor = self._new_monitor()
@@ -481,6 +486,8 @@ class GRPOTrainer:
                 metrics.update(self.evaluator(self.rollout_model, self.step))
         if self.probe_set and self.step % cfg.diagnostics.probe_every == 0:
             metrics.update(self._probe())
+        if self.reference is not None and self.step % cfg.diagnostics.reference_every == 0:
+            metrics.update(self._reference_metrics())
         if self.logger is not None:
             self.logger.log(self.step, metrics)
         if self.step % cfg.save_every == 0 or self.step == cfg.steps:
@@ -543,6 +550,63 @@ class GRPOTrainer:
             )
         del model
         return probe_metrics(results)
+
+    def _reference_chains(self, examples: Sequence[QAExample] | None) -> ReferenceChains | None:
+        """The fixed reference chains (main process only; None when off): built from the
+        starting policy at step 0 and written beside the run, read back on a resume, so that
+        every `lld/ref_*` value is a change against the same start."""
+        cfg = self.cfg
+        d = cfg.diagnostics
+        if d.reference_every <= 0 or not d.enabled or not self.dist.is_main:
+            return None
+        path = self.run_dir / REFERENCE_FILE
+        if self.step > 0:
+            if path.is_file():
+                return ReferenceChains.read(path)
+            log.warning(
+                "%s is missing: no lld/ref_* metrics in this resumed run (the reference chains "
+                "are built from the starting policy, at step 0)",
+                path,
+            )
+            return None
+        if examples is None:
+            from llds.data.loaders import load_examples
+
+            examples = load_examples(cfg.data.eval, limit=cfg.data.eval_limit)
+        greedy = eval_rollout_config(
+            self.engine.config, cfg.eval_max_turns if self.retriever else 0
+        )
+        engine = RolloutEngine(self.rollout_model, self.tokenizer, self.retriever, greedy)
+        with self._scoring_mode():
+            chains = ReferenceChains.build(
+                self.rollout_model,
+                engine,
+                [(self._prompt_ids(ex), ex) for ex in examples],
+                self.engine.pad_id,
+                cfg.optim.micro_batch_tokens,
+            )
+        chains.write(path)
+        return chains
+
+    def _reference_metrics(self) -> dict[str, float]:
+        assert self.reference is not None
+        with self._scoring_mode():
+            return self.reference.metrics(
+                self.rollout_model, self.engine.pad_id, self.cfg.optim.micro_batch_tokens
+            )
+
+    @contextlib.contextmanager
+    def _scoring_mode(self):
+        """Eval mode, the run's autocast, and forked random streams: a diagnostic forward pass
+        leaves the trained weights and the sampling streams exactly as they were."""
+        devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+        was_training = self.rollout_model.training
+        self.rollout_model.eval()
+        try:
+            with torch.random.fork_rng(devices=devices), self.precision.autocast():
+                yield
+        finally:
+            self.rollout_model.train(was_training)
 
     # ------------------------------------------------------------------ alarms
     def _new_monitor(self) -> AlarmMonitor | None:
