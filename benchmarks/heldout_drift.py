@@ -91,6 +91,19 @@ def reading(correct: dict[str, Any]) -> str:
     return "mixed"
 
 
+def reference_alarm(rows: Sequence[dict[str, Any]], in_a_row: int = 2) -> int | None:
+    """The pre-registered reference-chain alarm: the step of the `in_a_row`-th reading in a row
+    whose correct chains' median change is below 0 with more than half of them fallen."""
+    run = 0
+    for r in rows:
+        c = r["correct/total"]
+        falling = c["median"] is not None and c["median"] < 0 and c["fell"] > 0.5
+        run = run + 1 if falling else 0
+        if run >= in_a_row:
+            return r["step"]
+    return None
+
+
 def greedy_batch(model, tokenizer, warm: Path):
     """Greedy trajectories of `model` on the held-out questions, as the study evaluates them."""
     from llds.data.loaders import load_examples
@@ -265,17 +278,20 @@ def main() -> None:
             rows = rows_of(start, result, correct)
             half = next((r for r in rows if r["em"] <= start["em"] / 2), None)
             verdict = reading(half["correct/total"]) if half else "no EM fall"
+            alarm = reference_alarm(rows)
             summary["runs"][f"{arm}/{seed}"] = {
                 "rows": rows,
                 "vs_study": result["vs_study"],
                 "half_em_step": half["step"] if half else None,
                 "reading": verdict,
+                "reference_alarm": alarm,
             }
             vs = result["vs_study"]
             print(
                 f"\n{arm} seed {seed}: rerun vs study run, {vs['rows']} rows, largest difference "
                 f"{vs['max_abs_diff']:.3g} ({vs['where']}); EM at most half the warm start's "
-                f"first at step {half['step'] if half else '-'}: {verdict}"
+                f"first at step {half['step'] if half else '-'}: {verdict}; reference-chain "
+                f"alarm: {alarm if alarm is not None else 'none'}"
             )
             print(
                 "| step | EM | searches | correct chains: median change (fell) | first | "

@@ -71,3 +71,14 @@ def test_compare_with_study_finds_the_largest_difference(tmp_path: Path) -> None
     )
     vs = hd.compare_with_study(tmp_path / "a", tmp_path / "b", steps=2)
     assert vs == {"rows": 2, "max_abs_diff": 0.25, "where": "reward/mean @ 2"}
+
+
+def test_reference_alarm_needs_two_readings_in_a_row() -> None:
+    def row(step: int, median: float, fell: float) -> dict:
+        return {"step": step, "correct/total": {"median": median, "fell": fell, "n": 9}}
+
+    dip = [row(10, 0.4, 0.2), row(20, -0.9, 0.6), row(30, 0.4, 0.3), row(40, -0.1, 0.5)]
+    assert hd.reference_alarm(dip) is None  # one falling reading; a half that fell is no majority
+    fall = [row(10, -0.3, 0.8), row(20, 0.1, 0.4), row(30, -0.2, 0.7), row(40, -2.0, 0.9)]
+    assert hd.reference_alarm(fall) == 40
+    assert hd.reference_alarm([row(10, -1.0, 1.0)]) is None
