@@ -5,8 +5,10 @@ The displacement metrics (`lld/disp_pos`, ...) read the step's own batch. In the
 `long-chains` world the batch's pushed-up responses *gained* likelihood at every step while the
 starting policy's correct answers to held-out questions lost it from step 10 on, and held-out
 EM fell to 0; on the organism, where held-out EM rose, the same chains gained likelihood. A
-fixed set of token ids, read by one no-grad forward pass, has neither the batch's blind spot nor
-the selection bias of the rollout-time likelihood, and costs far less than a greedy evaluation.
+fixed set of token ids has neither the batch's blind spot nor the selection bias of the
+rollout-time likelihood, and unlike EM it moves continuously. Re-reading it is one no-grad
+forward pass: about half the time of a greedy evaluation of the same questions on the organism
+(`benchmarks/reference_chains_cost.py`).
 
 The chains are built once, at step 0, and written beside the run (`REFERENCE_FILE`), so that a
 resumed run measures against the same start.
