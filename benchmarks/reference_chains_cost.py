@@ -33,7 +33,7 @@ def main() -> None:
     from llds.env.prompts import build_prompt_ids
     from llds.models.hf import load_policy
     from llds.retrieval.factory import open_retriever
-    from llds.rollout import RolloutEngine
+    from llds.rollout import RolloutEngine, RolloutRequest
 
     model, tok = load_policy(args.demo / "sft" / "model")
     model.eval()
@@ -45,8 +45,10 @@ def main() -> None:
     budget = 16384
     chains = ReferenceChains.build(model, engine, prompts, engine.pad_id, budget)
 
-    def evaluate() -> None:
-        ReferenceChains.build(model, engine, prompts, engine.pad_id, budget)
+    requests = [RolloutRequest(ids, ex.id, ex.id, tuple(ex.answers)) for ids, ex in prompts]
+
+    def evaluate() -> None:  # what a greedy evaluation costs: generating the answers
+        engine.generate(requests)
 
     def reread() -> None:
         chains.metrics(model, engine.pad_id, budget)
@@ -56,10 +58,10 @@ def main() -> None:
     tokens = int(chains.batch(engine.pad_id).loss_mask.sum())
     print(f"machine: {machine()}")
     print(f"{len(examples)} held-out questions, {tokens} model-written tokens in the chains")
-    print(f"| work | median of {args.repeats} | ratio |")
+    print(f"| work | median of {args.repeats} | time / the evaluation's |")
     print("|---|---|---|")
-    print(f"| greedy evaluation (+ building the chains) | {t_eval:.2f} s | 1.00x |")
-    print(f"| re-reading the reference chains | {t_read:.2f} s | {t_eval / t_read:.1f}x faster |")
+    print(f"| greedy evaluation (generating the answers) | {t_eval:.2f} s | 1.00x |")
+    print(f"| re-reading the reference chains | {t_read:.2f} s | {t_read / t_eval:.2f}x |")
 
 
 if __name__ == "__main__":

@@ -7,8 +7,8 @@ starting policy's correct answers to held-out questions lost it from step 10 on,
 EM fell to 0; on the organism, where held-out EM rose, the same chains gained likelihood. A
 fixed set of token ids has neither the batch's blind spot nor the selection bias of the
 rollout-time likelihood, and unlike EM it moves continuously. Re-reading it is one no-grad
-forward pass: about half the time of a greedy evaluation of the same questions on the organism
-(`benchmarks/reference_chains_cost.py`).
+forward pass; on the organism that takes as long as a greedy evaluation of the same questions
+(`benchmarks/reference_chains_cost.py`), so it adds a reading, not a saving.
 
 The chains are built once, at step 0, and written beside the run (`REFERENCE_FILE`), so that a
 resumed run measures against the same start.
