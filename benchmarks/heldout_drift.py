@@ -271,7 +271,10 @@ def main() -> None:
         f"{args.factor}: warm start held-out EM {start['em']:.3f}; reference chains: "
         f"{sum(correct)} correct, {len(correct) - sum(correct)} wrong"
     )
-    summary: dict[str, Any] = {"start_em": start["em"], "runs": {}}
+    # runs measured by earlier invocations (other arms or seeds) stay in the summary
+    summary_path = args.out / args.factor / "heldout_drift.json"
+    earlier = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    summary: dict[str, Any] = {"start_em": start["em"], "runs": earlier.get("runs", {})}
     for arm in args.arms:
         for seed in args.seeds:
             result = run_one(args, warm, arm, seed)
@@ -306,7 +309,7 @@ def main() -> None:
                     f"{_f(r['correct/later_searches']['median'])} | "
                     f"{_f(r['correct/answer']['median'])} | {_f(w['median'])} ({w['fell']:.2f}) |"
                 )
-    write_json(args.out / args.factor / "heldout_drift.json", summary)
+    write_json(summary_path, summary)
     # one figure over every factor measured so far under --out
     done = {p.parent.name: json.loads(p.read_text()) for p in args.out.glob("*/heldout_drift.json")}
     plot(done, args.out / "heldout_drift.png")
