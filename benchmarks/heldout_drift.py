@@ -104,26 +104,39 @@ def reference_alarm(rows: Sequence[dict[str, Any]], in_a_row: int = 2) -> int | 
     return None
 
 
-def greedy_batch(model, tokenizer, warm: Path):
+@dataclasses.dataclass(frozen=True)
+class HeldOut:
+    """The held-out questions and the retriever over the world's corpus, opened once per
+    invocation (every checkpoint's greedy evaluation reuses them)."""
+
+    examples: list[Any]
+    retriever: Any
+
+    @classmethod
+    def of(cls, warm: Path) -> HeldOut:
+        from llds.data.loaders import load_examples
+        from llds.retrieval.factory import open_retriever
+
+        examples = load_examples(warm / "world" / "test.jsonl", limit=HELD_OUT)
+        return cls(examples, open_retriever(warm / "world" / "corpus.jsonl"))
+
+
+def greedy_batch(model, tokenizer, held: HeldOut):
     """Greedy trajectories of `model` on the held-out questions, as the study evaluates them."""
-    from llds.data.loaders import load_examples
     from llds.demo import TEMPLATE, _rollout_cfg
     from llds.env.prompts import build_prompt_ids
-    from llds.retrieval.factory import open_retriever
     from llds.rollout import RolloutEngine, RolloutRequest
 
-    examples = load_examples(warm / "world" / "test.jsonl", limit=HELD_OUT)
-    retriever = open_retriever(warm / "world" / "corpus.jsonl")
     greedy = dataclasses.replace(_rollout_cfg(), temperature=0.0, group_size=1)
-    engine = RolloutEngine(model, tokenizer, retriever, greedy)
+    engine = RolloutEngine(model, tokenizer, held.retriever, greedy)
     reqs = [
         RolloutRequest(build_prompt_ids(tokenizer, ex.question, TEMPLATE), ex.id, ex.id, ex.answers)
-        for ex in examples
+        for ex in held.examples
     ]
     return engine.generate(reqs)
 
 
-def measure(model_dir: Path, warm: Path, reference) -> dict[str, Any]:
+def measure(model_dir: Path, held: HeldOut, reference) -> dict[str, Any]:
     """The reference chains' log-likelihood parts under `model_dir`, and its own greedy EM."""
     from llds.models.hf import load_policy
     from llds.train.forward import batched_log_probs
@@ -131,7 +144,7 @@ def measure(model_dir: Path, warm: Path, reference) -> dict[str, Any]:
     model, tok = load_policy(model_dir)
     logp, _ = batched_log_probs(model, reference, TOKEN_BUDGET)
     parts = chain_parts(logp, reference.loss_mask)
-    own = greedy_batch(model, tok, warm).episodes
+    own = greedy_batch(model, tok, held).episodes
     return {
         "parts": {k: v.tolist() for k, v in parts.items()},
         "em": sum(ep.em for ep in own) / len(own),
@@ -177,7 +190,7 @@ def run_one(args, warm: Path, arm: str, seed: int) -> dict[str, Any]:
     for step in range(args.every, args.steps + 1, args.every):
         if str(step) not in done["checkpoints"]:
             model_dir = rerun / "checkpoints" / f"step_{step:06d}" / "model"
-            done["checkpoints"][str(step)] = measure(model_dir, warm, args.reference)
+            done["checkpoints"][str(step)] = measure(model_dir, args.held, args.reference)
             write_json(path, done)
     study = run_dir(args.study / (args.factor if args.factor != "organism" else ""), arm, seed)
     done["vs_study"] = compare_with_study(rerun, study, args.steps)
@@ -263,9 +276,10 @@ def main() -> None:
 
     torch.set_num_threads(1)
     model, tok = load_policy(warm / "sft" / "model")
-    args.reference = greedy_batch(model, tok, warm)
+    args.held = HeldOut.of(warm)
+    args.reference = greedy_batch(model, tok, args.held)
     correct = [bool(ep.em) for ep in args.reference.episodes]
-    start = measure(warm / "sft" / "model", warm, args.reference)
+    start = measure(warm / "sft" / "model", args.held, args.reference)
     print(f"machine: {machine()}")
     print(
         f"{args.factor}: warm start held-out EM {start['em']:.3f}; reference chains: "

@@ -532,8 +532,7 @@ class GRPOTrainer:
         and random streams are left exactly as they were."""
         cfg = self.cfg
         model = copy.deepcopy(self.rollout_model).float().requires_grad_(True)
-        devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
-        with torch.random.fork_rng(devices=devices), self.precision.autocast():
+        with self._forked_streams():
             results = run_probe(
                 model,
                 self.tokenizer,
@@ -596,14 +595,20 @@ class GRPOTrainer:
             )
 
     @contextlib.contextmanager
-    def _scoring_mode(self):
-        """Eval mode, the run's autocast, and forked random streams: a diagnostic forward pass
-        leaves the trained weights and the sampling streams exactly as they were."""
+    def _forked_streams(self):
+        """The run's autocast with forked random streams: a diagnostic leaves the sampling
+        streams exactly as they were."""
         devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+        with torch.random.fork_rng(devices=devices), self.precision.autocast():
+            yield
+
+    @contextlib.contextmanager
+    def _scoring_mode(self):
+        """Eval mode on top of `_forked_streams`, for a diagnostic forward pass of the policy."""
         was_training = self.rollout_model.training
         self.rollout_model.eval()
         try:
-            with torch.random.fork_rng(devices=devices), self.precision.autocast():
+            with self._forked_streams():
                 yield
         finally:
             self.rollout_model.train(was_training)
