@@ -21,14 +21,16 @@ from llds.diagnostics.plots import (
     _log_ticks,
     draw_comparison,
     draw_heldout,
+    draw_reference,
     draw_run_detail,
     draw_timeline,
     em_curve,
+    has_reference,
     moving_average,
     smoothing_width,
 )
 from llds.diagnostics.report import summarize, write_report
-from llds.diagnostics.report_text import curves_caption
+from llds.diagnostics.report_text import curves_caption, reference_caption
 from llds.diagnostics.synthetic import synthetic_rows
 from llds.errors import DataFormatError, UserInputError
 from llds.io import write_json, write_jsonl, write_yaml
@@ -469,3 +471,60 @@ def test_report_caption_says_when_the_displacement_falls_back(written):
     caption = curves.split("<img")[0]
     # the fixture runs are written without the paper's displacement, as older logs are
     assert "since no run logged <code>lld/disp_pos</code>" in caption
+
+
+def _with_reference(rows, every=10):
+    """Rows as a run with `diagnostics.reference_every: every` logs them: a reading every
+    `every` steps, nothing in between."""
+    out = []
+    for r in rows:
+        step = r["step"]
+        if step % every == 0:
+            r = {
+                **r,
+                "lld/ref_correct_change": 0.5 - 0.1 * step,
+                "lld/ref_correct_fell": min(1.0, 0.01 * step),
+                "lld/ref_wrong_change": -0.2 * step,
+                "lld/ref_wrong_fell": 0.9,
+            }
+        out.append(r)
+    return out
+
+
+def test_reference_figure_draws_the_logged_readings():
+    rows = _with_reference(synthetic_rows("healthy", seed=3, steps=60))
+    plain_rows = synthetic_rows("healthy", seed=4, steps=60)
+    run = RunSeries("ref", "#1f77b4", rows, detect_phases(rows), [])
+    plain = RunSeries("plain", "#d62728", plain_rows, detect_phases(plain_rows), [])
+    assert has_reference([plain, run]) and not has_reference([plain])
+    fig = draw_reference([run, plain])
+    steps = [10.0, 20.0, 30.0, 40.0, 50.0, 60.0]
+    change = _axis(fig, "median log-lik change, nats")
+    drawn = _curves(change, "#1f77b4")
+    assert ("-", steps, [0.5 - 0.1 * s for s in steps]) in drawn  # correct at step 0: solid
+    assert ("--", steps, [-0.2 * s for s in steps]) in drawn  # wrong at step 0: dashed
+    assert not _curves(change, "#d62728")  # the run without readings draws nothing
+    assert [0.0, 0.0] in [list(ln.get_ydata()) for ln in change.get_lines()]
+    assert change.get_title() == (
+        "Held-out reference chains: change since step 0\n(solid: correct at step 0, dashed: wrong)"
+    )
+    fell = _axis(fig, "share of chains")
+    assert ("-", steps, [min(1.0, 0.01 * s) for s in steps]) in _curves(fell, "#1f77b4")
+    assert ("--", steps, [0.9] * 6) in _curves(fell, "#1f77b4")
+    assert [0.5, 0.5] in [list(ln.get_ydata()) for ln in fell.get_lines()]
+    caption = reference_caption([run, plain])
+    assert "<b>ref</b>: 6 readings, steps 10-60, every 10 steps" in caption
+    assert "<b>plain</b>: not read" in caption
+
+
+def test_report_shows_reference_chains_only_when_logged(tmp_path):
+    run = tmp_path / "run"
+    write_jsonl(run / "metrics.jsonl", _with_reference(synthetic_rows("healthy", seed=3, steps=40)))
+    page = write_report([run], tmp_path / "report").read_text(encoding="utf-8")
+    assert (tmp_path / "report" / "reference.png").read_bytes().startswith(PNG_MAGIC)
+    assert "Held-out reference chains" in page and "4 readings, steps 10-40" in page
+    plain = tmp_path / "plain"
+    write_jsonl(plain / "metrics.jsonl", synthetic_rows("healthy", seed=3, steps=40))
+    page = write_report([plain], tmp_path / "plain_report").read_text(encoding="utf-8")
+    assert "reference chains" not in page.lower()
+    assert not (tmp_path / "plain_report" / "reference.png").exists()

@@ -587,6 +587,54 @@ def heldout_figure(runs: Sequence[RunSeries]) -> bytes:
     return _to_png(draw_heldout(runs))
 
 
+REFERENCE_PANELS: tuple[Panel, ...] = (
+    Panel(
+        "Held-out reference chains: change since step 0",
+        "median log-lik change, nats",
+        keys.REF_CORRECT_CHANGE,
+        keys.REF_WRONG_CHANGE,
+        hline=0.0,
+        note="solid: correct at step 0, dashed: wrong",
+    ),
+    Panel(
+        "Reference chains whose likelihood fell",
+        "share of chains",
+        keys.REF_CORRECT_FELL,
+        keys.REF_WRONG_FELL,
+        hline=0.5,
+        note="solid: correct at step 0, dashed: wrong",
+    ),
+)
+"""`diagnostics.reference_every`: the starting policy's greedy held-out chains re-read with the
+current weights. They show what the batch metrics cannot: likelihood leaving the answers the run
+started with on questions it never trains on."""
+
+
+def has_reference(runs: Sequence[RunSeries]) -> bool:
+    """Whether any run logged reference-chain readings (the report adds their figure only then)."""
+    changes = (keys.REF_CORRECT_CHANGE, keys.REF_WRONG_CHANGE)
+    return any(series(run.rows, key)[0] for run in runs for key in changes)
+
+
+def draw_reference(runs: Sequence[RunSeries]) -> Figure:
+    """The reference-chain readings of every run, side by side: median change and share fell."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(REFERENCE_PANELS), figsize=(15, 3.6), squeeze=False)
+    for ax, panel in zip(axes.flat, REFERENCE_PANELS, strict=True):
+        _draw_panel(ax, panel, runs)
+    handles = [plt.Line2D([], [], color=run.color, linewidth=2.5, label=run.label) for run in runs]
+    fig.legend(
+        handles=handles, loc="upper center", ncol=min(6, len(handles)), frameon=False, fontsize=11
+    )
+    fig.tight_layout(rect=(0, 0, 1, 0.9))
+    return fig
+
+
+def reference_figure(runs: Sequence[RunSeries]) -> bytes:
+    """`draw_reference` as PNG."""
+    return _to_png(draw_reference(runs))
+
+
 DETAIL_PANELS: tuple[Panel, ...] = (
     Panel("Reward", "mean reward", keys.REWARD_MEAN),
     Panel(

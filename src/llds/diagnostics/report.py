@@ -29,7 +29,9 @@ from llds.diagnostics.plots import (
     SEVERITY_COLORS,
     RunSeries,
     comparison_figure,
+    has_reference,
     heldout_figure,
+    reference_figure,
     run_detail_figure,
     timeline_figure,
 )
@@ -39,6 +41,7 @@ from llds.diagnostics.report_text import (
     differences_line,
     heldout_caption,
     how_to_read,
+    reference_caption,
 )
 from llds.diagnostics.robust import as_float, median
 from llds.diagnostics.run_info import (
@@ -307,6 +310,8 @@ def write_report(
         ("heldout.png", heldout_figure(series), "held-out exact match per run"),
         ("compare.png", comparison_figure(series, cfg.phase), "metrics of all runs"),
     ]
+    if has_reference(series):
+        figures.append(("reference.png", reference_figure(series), "reference chains per run"))
     details = []
     for i, s in enumerate(series):
         name = f"run{i + 1}_{_slug(s.label)}.png"
@@ -324,6 +329,11 @@ def write_report(
         f"{imgs[d]}{detail_caption(s)}{_phase_spans_text(r)}{_alarm_table(r)}"
         for r, s, c, d in zip(runs, series, colors, details, strict=True)
     )
+    reference = (
+        f"<h3>Held-out reference chains</h3>{imgs['reference.png']}{reference_caption(series)}"
+        if "reference.png" in imgs
+        else ""
+    )
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     page = (
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
@@ -336,7 +346,7 @@ def write_report(
         f"<h2>Summary</h2>{_summary_table(summaries, colors)}"
         f"<h2>Settings</h2>{differences_line(names, [r.config for r in runs])}"
         f"{_settings_table(runs, colors)}"
-        f"<h2>Held-out exact match</h2>{imgs['heldout.png']}{heldout_caption(series)}"
+        f"<h2>Held-out exact match</h2>{imgs['heldout.png']}{heldout_caption(series)}{reference}"
         f"<h2>Phases and alarms</h2>{imgs['timeline.png']}"
         f"<h2>Training curves</h2>{curves_caption(series, cfg)}{imgs['compare.png']}"
         f"<h2>Runs</h2>{per_run}</body></html>"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 from collections.abc import Mapping, Sequence
+from itertools import pairwise
 from typing import Any
 
 from llds import metrics as keys
@@ -21,6 +22,7 @@ from llds.diagnostics.plots import (
     fallback_runs,
     has_alarm_lines,
     has_phase_strips,
+    series,
     shared_baseline,
     shows_training_em,
 )
@@ -248,6 +250,32 @@ def heldout_caption(runs: Sequence[RunSeries]) -> str:
         intro += f" Dashed line: where {who} {_start_text(first)}."
     elif any(run.held_out and run.held_out.baseline for run in runs):
         intro += " Dashed lines: the EM each run started from."
+    return f"<p class='muted'>{intro} {'. '.join(parts)}.</p>"
+
+
+def reference_caption(runs: Sequence[RunSeries]) -> str:
+    """Caption of the reference-chain figure: what the chains are, and when each run read them."""
+    parts = []
+    for run in runs:
+        steps = [int(x) for x in series(run.rows, keys.REF_CORRECT_CHANGE)[0]] or [
+            int(x) for x in series(run.rows, keys.REF_WRONG_CHANGE)[0]
+        ]
+        name = f"<b>{html.escape(run.label)}</b>"
+        if not steps:
+            parts.append(f"{name}: not read (<code>diagnostics.reference_every</code> off)")
+            continue
+        gaps = sorted({b - a for a, b in pairwise(steps)})
+        every = f", every {gaps[0]} steps" if len(gaps) == 1 else ""
+        parts.append(f"{name}: {len(steps)} readings, steps {steps[0]}-{steps[-1]}{every}")
+    intro = (
+        "The starting policy's greedy answers to the held-out questions, kept at step 0 "
+        "(<code>RUN/reference_chains.json</code>) and re-read with the current weights: the "
+        "median change of a chain's summed log-likelihood against step 0, and the share of "
+        "chains that lost likelihood. Solid: the chains that were correct at step 0; dashed: the "
+        "wrong ones. Correct chains losing likelihood while the batch's pushed-up responses "
+        "gain is the displacement reaching questions the run does not train on. No alarm reads "
+        "these curves: a correct-chain fall can also come with a held-out EM that holds."
+    )
     return f"<p class='muted'>{intro} {'. '.join(parts)}.</p>"
 
 
