@@ -295,6 +295,26 @@ def copied_share(result: EvalResult) -> float | None:
     return sum(map(copied, answered)) / len(answered)
 
 
+PUNCTUATION_RUN = re.compile(r"([^\w\s<>/])\1{4,}")
+"""Five or more of the same punctuation character in a row (tags' brackets and slashes aside)."""
+
+
+def punctuation_run_share(result: EvalResult) -> float | None:
+    """Share of the held-out responses that contain a run of 5+ of one punctuation character
+    (`Kulban)))))`): degenerate text that EM cannot see, because its normalization drops
+    punctuation. (Descriptive; added after a `similar-names` GRPO run kept its EM while its
+    reference chains lost 75 nats.)"""
+    if not result.records:
+        return None
+    return sum(bool(PUNCTUATION_RUN.search(r.response)) for r in result.records) / len(
+        result.records
+    )
+
+
+EVAL_SHARES = {"copied": copied_share, "punctuation_runs": punctuation_run_share}
+"""The per-evaluation shares every run summary carries, by name."""
+
+
 def summarize_run(path: Path) -> dict[str, Any]:
     rows = read_metrics(path)
     if not rows:
@@ -313,9 +333,12 @@ def summarize_run(path: Path) -> dict[str, Any]:
         "lead": None if collapse is None or first is None else collapse - first,
         "false_alarm": collapse is None and first is not None,
         "eval_em": {r["step"]: r["eval/em"] for r in rows if "eval/em" in r},
-        "copied": {
-            int(f.stem.split("_")[1]): copied_share(EvalResult.read(f))
-            for f in sorted((path / "eval").glob("step_*.json"))
+        **{
+            name: {
+                int(f.stem.split("_")[1]): share(EvalResult.read(f))
+                for f in sorted((path / "eval").glob("step_*.json"))
+            }
+            for name, share in EVAL_SHARES.items()
         },
         "first10": {
             "approx_kl": _mean(rows[:10], "policy/approx_kl"),
@@ -416,15 +439,15 @@ def dip_table(study: dict[str, dict[int, dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
-def copied_table(study: dict[str, dict[int, dict[str, Any]]], start: float | None) -> str:
-    """Per run, the share of held-out answers copied from a retrieved passage at each
-    evaluation (`start`: the warm start's share)."""
-    evals = sorted({s for runs in study.values() for r in runs.values() for s in r["copied"]})
+def share_table(study: dict[str, dict[int, dict[str, Any]]], name: str, start: float | None) -> str:
+    """Per run, one of the `EVAL_SHARES` at each held-out evaluation (`start`: the warm
+    start's value)."""
+    evals = sorted({s for runs in study.values() for r in runs.values() for s in r[name]})
     head = ["arm", "seed", "start", *[f"@ {s}" for s in evals]]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for arm, runs in study.items():
         for seed, r in sorted(runs.items()):
-            cells = [arm, str(seed), _fmt(start, 2), *[_fmt(r["copied"].get(s), 2) for s in evals]]
+            cells = [arm, str(seed), _fmt(start, 2), *[_fmt(r[name].get(s), 2) for s in evals]]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -527,10 +550,15 @@ def main() -> None:
     print()
     print("The deepest fall of each run's reward (descriptive, not pre-registered):")
     print(dip_table(study))
-    print()
-    print("Held-out answers copied from a retrieved passage (descriptive, not pre-registered):")
-    start_copied = copied_share(EvalResult.read(start_file)) if start_file.is_file() else None
-    print(copied_table(study, start_copied))
+    titles = {
+        "copied": "Held-out answers copied from a retrieved passage",
+        "punctuation_runs": "Held-out responses with a run of 5+ of one punctuation character",
+    }
+    start_eval = EvalResult.read(start_file) if start_file.is_file() else None
+    for name, share in EVAL_SHARES.items():
+        print()
+        print(f"{titles[name]} (descriptive, not pre-registered):")
+        print(share_table(study, name, share(start_eval) if start_eval else None))
     args.out.mkdir(parents=True, exist_ok=True)
     slim = {
         a: {s: {k: v for k, v in r.items() if k != "series"} for s, r in runs.items()}

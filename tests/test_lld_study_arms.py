@@ -92,3 +92,18 @@ def test_copied_share_counts_answers_found_in_retrieved_passages() -> None:
     result = lld_study.EvalResult.of(records)
     assert lld_study.copied_share(result) == pytest.approx(3 / 6)
     assert lld_study.copied_share(lld_study.EvalResult.of([_record(None, passage)])) is None
+
+
+def test_punctuation_run_share_counts_degenerate_responses() -> None:
+    passage = "<search> river of Shuballor </search>\n<information>Doc 1 ...</information>\n"
+    records = [
+        _record("Kulban", passage + "<answer> Kulban </answer>"),  # clean
+        _record("Kulban)))))", passage + "<answer> Kulban))))) </answer>"),  # 5 in a row
+        _record("Kulban))))", passage + "<answer> Kulban)))) </answer>"),  # 4: not counted
+        _record(None, "<search> river of Shuballor)))))))))) </search>"),  # in a query, unanswered
+        _record("Kulban", passage + "<answer> Kulban </answer>...!!..."),  # mixed, no run of 5
+        _record("x", "</search></search></search></search></search>"),  # tags are not a run
+    ]
+    result = lld_study.EvalResult.of(records)
+    assert lld_study.punctuation_run_share(result) == pytest.approx(2 / 6)
+    assert lld_study.punctuation_run_share(lld_study.EvalResult.of([])) is None
