@@ -107,3 +107,13 @@ def test_punctuation_run_share_counts_degenerate_responses() -> None:
     result = lld_study.EvalResult.of(records)
     assert lld_study.punctuation_run_share(result) == pytest.approx(2 / 6)
     assert lld_study.punctuation_run_share(lld_study.EvalResult.of([])) is None
+
+
+def test_the_trainer_and_the_study_count_punctuation_runs_alike() -> None:
+    from llds.diagnostics.degenerate import PUNCTUATION_RUN, punctuation_run_frac
+
+    # the study script keeps its own copy (it must import on the frozen study code)
+    assert lld_study.PUNCTUATION_RUN.pattern == PUNCTUATION_RUN.pattern
+    texts = ["<answer> Kulban))))) </answer>", "<answer> Kulban </answer>", "....!", "-----"]
+    assert punctuation_run_frac(texts) == pytest.approx(2 / 4)
+    assert punctuation_run_frac([]) == 0.0

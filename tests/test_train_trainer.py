@@ -368,6 +368,42 @@ def test_context_capped_rollouts_are_counted(
     assert row["rollout/context_capped"] == capped
 
 
+def _has_run_of_five(text: str) -> bool:
+    """An independent check: some punctuation character (not a tag's bracket or slash) five
+    times in a row."""
+    from itertools import groupby
+
+    return any(
+        len(list(g)) >= 5 for ch, g in groupby(text) if not ch.isalnum() and ch not in " \n\t<>/_"
+    )
+
+
+def test_punctuation_runs_in_rollouts_are_counted(
+    tmp_path, small_world, world_tokenizer, world_retriever
+):
+    tr = _trainer(tmp_path, small_world, world_tokenizer, world_retriever, ["steps=1"])
+    batches = []
+    generate = tr.engine.generate
+
+    def padded(reqs):
+        batch = generate(reqs)
+        # as a degenerate policy writes them: two rollouts padded, one with a run of four only
+        batch.episodes[0].action_texts = ["<search> river of X))))) </search>"]
+        batch.episodes[1].action_texts = ["<answer> Kulban", ")))))))) </answer>"]
+        batch.episodes[2].action_texts = ["<answer> Kulban)))) </answer>"]
+        batches.append(batch)
+        return batch
+
+    tr.engine.generate = padded
+    (row,) = tr.train()
+    eps = batches[0].episodes
+    expected = sum(_has_run_of_five(" ".join(e.action_texts)) for e in eps) / len(eps)
+    assert _has_run_of_five(" ".join(eps[1].action_texts))
+    assert not _has_run_of_five(" ".join(eps[2].action_texts))
+    assert expected >= 2 / len(eps)
+    assert row["rollout/punct_run_frac"] == pytest.approx(expected)
+
+
 @pytest.mark.slow
 def test_background_runs_are_library_calls(tmp_path, small_world, world_tokenizer):
     """`run_queue` / `start_run`: two runs side by side in spawned processes equal the same run

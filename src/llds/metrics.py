@@ -14,6 +14,7 @@ REWARD_EM = "reward/em"
 VALID_SEARCHES = "rollout/valid_searches"
 RESPONSE_TOKENS = "rollout/response_tokens"
 CONTEXT_CAPPED = "rollout/context_capped"
+PUNCT_RUN_FRAC = "rollout/punct_run_frac"
 # the policy update
 PG_LOSS = "policy/pg_loss"
 KL = "policy/kl"

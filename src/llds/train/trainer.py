@@ -30,6 +30,7 @@ from llds.algo.objective import LLDS_STATS, POLICY_STATS, Objective, grpo_object
 from llds.configio import to_dict
 from llds.data.example import QAExample
 from llds.diagnostics.alarms import Alarm, AlarmMonitor, should_act
+from llds.diagnostics.degenerate import punctuation_run_frac
 from llds.diagnostics.likelihood import (
     displacement_metrics,
     group_hidden_similarity,
@@ -897,6 +898,7 @@ class GRPOTrainer:
             # a count over the global batch (every rank logs the same sum)
             keys.CONTEXT_CAPPED: float(self.dist.sum(sum(e.context_capped for e in eps))),
             "rollout/valid_format_frac": sum(e.valid_format for e in eps) / n,
+            keys.PUNCT_RUN_FRAC: punctuation_run_frac([" ".join(e.action_texts) for e in eps]),
             "groups/mixed_frac": mixed / max(1, len(groups)),
             "groups/all_correct_frac": all_right / max(1, len(groups)),
             keys.ENTROPY: float(masked_mean(entropy, batch.loss_mask))
