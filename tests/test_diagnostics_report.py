@@ -528,3 +528,6 @@ def test_report_shows_reference_chains_only_when_logged(tmp_path):
     page = write_report([plain], tmp_path / "plain_report").read_text(encoding="utf-8")
     assert "reference chains" not in page.lower()
     assert not (tmp_path / "plain_report" / "reference.png").exists()
+    # rewritten into the first report's folder: its reference figure does not linger there
+    write_report([plain], tmp_path / "report")
+    assert not (tmp_path / "report" / "reference.png").exists()

@@ -312,6 +312,9 @@ def write_report(
     ]
     if has_reference(series):
         figures.append(("reference.png", reference_figure(series), "reference chains per run"))
+    else:
+        # a figure an earlier report wrote here would sit beside a page that no longer shows it
+        (out / "reference.png").unlink(missing_ok=True)
     details = []
     for i, s in enumerate(series):
         name = f"run{i + 1}_{_slug(s.label)}.png"
