@@ -322,6 +322,11 @@ def summarize_run(path: Path) -> dict[str, Any]:
     steps = [r["step"] for r in rows]
     reward = [r[keys.REWARD_MEAN] for r in rows]
     collapse = collapse_step(steps, reward)
+    # each held-out evaluation read once, for every share of `EVAL_SHARES`
+    evals = {
+        int(f.stem.split("_")[1]): EvalResult.read(f)
+        for f in sorted((path / "eval").glob("step_*.json"))
+    }
     # replayed with the detector of this checkout, not read from what fired online
     critical = [a for a in scan_alarms(rows) if a.severity == "critical"]
     first = critical[0].step if critical else None
@@ -334,10 +339,7 @@ def summarize_run(path: Path) -> dict[str, Any]:
         "false_alarm": collapse is None and first is not None,
         "eval_em": {r["step"]: r["eval/em"] for r in rows if "eval/em" in r},
         **{
-            name: {
-                int(f.stem.split("_")[1]): share(EvalResult.read(f))
-                for f in sorted((path / "eval").glob("step_*.json"))
-            }
+            name: {step: share(result) for step, result in evals.items()}
             for name, share in EVAL_SHARES.items()
         },
         "first10": {
