@@ -165,6 +165,17 @@ def arm_config(
     )
 
 
+def select_seeds(seed_set: str, wanted: Sequence[int] | None) -> tuple[int, ...]:
+    """The set's seeds, or the wanted ones among them in the set's order (a typo fails loudly:
+    a seed outside the set would be a run no protocol named)."""
+    seeds = SEED_SETS[seed_set]
+    if not wanted:
+        return seeds
+    if not set(wanted) <= set(seeds):
+        raise ValueError(f"--seeds {list(wanted)}: the {seed_set} set has seeds {list(seeds)}")
+    return tuple(s for s in seeds if s in wanted)
+
+
 def run_all(demo: Path, out: Path, arms: Sequence[str], seeds: Sequence[int], parallel: int):
     """Every unfinished (arm, seed) in its own process, `parallel` at a time."""
     run_unfinished([arm_config(demo, out, arm, s) for s in seeds for arm in arms], parallel)
@@ -501,6 +512,12 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("runs/lld-study"))
     ap.add_argument("--set", choices=sorted(SEED_SETS), default="tune")
     ap.add_argument("--arms", nargs="+", choices=list(ARMS), default=MAIN_ARMS)
+    ap.add_argument(
+        "--seeds",
+        nargs="+",
+        type=int,
+        help="run (and tabulate) only these seeds of the set, e.g. to finish one before the next",
+    )
     ap.add_argument("--parallel", type=int, default=2)
     ap.add_argument(
         "--factor",
@@ -517,7 +534,10 @@ def main() -> None:
         help="run the one-step probe on every finished run's last checkpoint and the warm start",
     )
     args = ap.parse_args()
-    seeds = SEED_SETS[args.set]
+    try:
+        seeds = select_seeds(args.set, args.seeds)
+    except ValueError as e:
+        ap.error(str(e))
     if args.factor != "organism":
         args.out = args.out / args.factor
         # tables only read what is on disk: no world or warm start is built for them

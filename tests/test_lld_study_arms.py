@@ -117,3 +117,11 @@ def test_the_trainer_and_the_study_count_punctuation_runs_alike() -> None:
     texts = ["<answer> Kulban))))) </answer>", "<answer> Kulban </answer>", "....!", "-----"]
     assert punctuation_run_frac(texts) == pytest.approx(2 / 4)
     assert punctuation_run_frac([]) == 0.0
+
+
+def test_seeds_option_keeps_the_sets_order_and_rejects_seeds_outside_it() -> None:
+    assert lld_study.select_seeds("judge", None) == (0, 1, 2)
+    assert lld_study.select_seeds("judge", [2, 0]) == (0, 2)
+    assert lld_study.select_seeds("tune", [11]) == (11,)
+    with pytest.raises(ValueError, match=r"--seeds \[3\]: the judge set has seeds \[0, 1, 2\]"):
+        lld_study.select_seeds("judge", [3])
