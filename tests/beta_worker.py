@@ -9,7 +9,7 @@ import sys
 from types import SimpleNamespace
 
 from llds.train.distributed import Dist
-from llds.train.trainer import global_answer_weight
+from llds.train.policy_update import global_answer_weight
 
 dist = Dist()
 searches = 4 if dist.rank == 0 else 0

@@ -18,11 +18,13 @@ import torch
 from conftest import TRAIN_BASE as BASE
 from conftest import make_tiny_model, write_run_inputs
 from llds.errors import ConfigError
+from llds.train import policy_update
 from llds.train import trainer as trainer_mod
 from llds.train.config import load_config
+from llds.train.policy_update import NonFiniteError
 from llds.train.precision import Precision
 from llds.train.tracking import read_metrics
-from llds.train.trainer import GRPOTrainer, NonFiniteError
+from llds.train.trainer import GRPOTrainer
 
 
 def _trainer(tmp_path, world, tok, retriever, extra=(), seed=0):
@@ -136,13 +138,13 @@ def test_single_turn_training_needs_no_retriever(tmp_path, small_world, world_to
 def test_nonfinite_updates_are_skipped_then_stop(
     tmp_path, small_world, world_tokenizer, world_retriever, monkeypatch
 ):
-    real = trainer_mod.grpo_objective
+    real = policy_update.grpo_objective
 
     def poisoned(*args, **kwargs):
         loss, stats = real(*args, **kwargs)
         return loss * float("nan"), stats
 
-    monkeypatch.setattr(trainer_mod, "grpo_objective", poisoned)
+    monkeypatch.setattr(policy_update, "grpo_objective", poisoned)
     tr = _trainer(
         tmp_path,
         small_world,
@@ -153,7 +155,7 @@ def test_nonfinite_updates_are_skipped_then_stop(
     before = [p.detach().clone() for p in tr.model.parameters()]
     with pytest.raises(NonFiniteError, match="2 non-finite"):
         tr.train()
-    assert tr.skipped_updates == 2
+    assert tr.updater.skipped_updates == 2
     assert all(torch.equal(a, b) for a, b in zip(before, tr.model.parameters(), strict=True))
 
 

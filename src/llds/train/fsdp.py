@@ -6,7 +6,7 @@ backward all-gathers one transformer block at a time. The conventions here match
 the trainer:
 
 * Gradients are SUMMED over ranks, never averaged: every loss already divides by the GLOBAL
-  token/sequence count (see `Dist.sum` and `GRPOTrainer._update`), so the summed gradient is the
+  token/sequence count (see `Dist.sum` and `PolicyUpdate.run`), so the summed gradient is the
   single-process gradient of the global batch. `shard_policy` configures FSDP that way, so the
   caller must NOT also call `Dist.sum_grads` on a sharded model.
 * The sharded parameters are float32 master weights; the optimizer steps them. With

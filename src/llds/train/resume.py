@@ -18,6 +18,7 @@ functions that touch the file system.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from collections.abc import Iterable, Sequence
@@ -27,7 +28,15 @@ from typing import Any
 from llds.configio import config_changes, deep_merge, dotted_keys, to_dict
 from llds.errors import UserInputError
 from llds.io import write_jsonl
-from llds.train.checkpoint import TRAINER_STATE, checkpoint_dirs
+from llds.train.checkpoint import (
+    LATEST,
+    TRAINER_STATE,
+    checkpoint_dirs,
+    point_latest,
+    read_trainer_state,
+)
+from llds.train.config import TrainConfig
+from llds.train.distributed import Dist
 from llds.train.eval_result import eval_files
 from llds.train.tracking import METRICS_FILE, read_metrics
 
@@ -38,6 +47,8 @@ learning rate of the remaining steps follows the new total. `run_dir` changes wh
 directory is moved; `threads`, checkpointing and logging change how, not what, is trained."""
 
 ALL = "all"
+
+log = logging.getLogger("llds.train")
 ALARMS_FILE = "alarms.jsonl"
 DAMAGED_PREFIX = "damaged-"
 LR_KEYS = ("optim.lr", "optim.schedule", "optim.warmup_steps", "optim.warmup_ratio", "steps")
@@ -255,3 +266,73 @@ def apply_optimizer_changes(optimizer, scheduler, cfg: Any, changed: Iterable[st
 def _optim_value(cfg: Any, name: str) -> Any:
     value = getattr(cfg.optim, name)
     return tuple(value) if name == "betas" else value
+
+
+def checked_config_changes(
+    cfg: TrainConfig, ckpt: Path | None, allow: Sequence[str], *, report: bool
+) -> set[str]:
+    """The config keys that differ from checkpoint `ckpt`'s; refused (UserInputError) unless
+    each is allowed by `allow` or always allowed. Runs before any model is loaded; `report`
+    logs the accepted changes (the main process only)."""
+    check_allowances(allow, to_dict(cfg))
+    if ckpt is None:
+        return set()
+    saved = read_trainer_state(ckpt).get("config") or {}
+    free, asked = resume_changes(saved, cfg, TrainConfig())
+    refused = [c for c in asked if not is_allowed(c[0], allow)]
+    if refused:
+        raise UserInputError(refused_change_message(ckpt, refused))
+    if free and report:
+        log.info("resuming with %s (always allowed)", describe(free))
+    if asked and report:
+        log.warning("resuming with config changes (allowed): %s", describe(asked))
+    return {key for key, _, _ in free + asked}
+
+
+def prepare_run_dir(
+    run_dir: Path,
+    ckpt: Path | None,
+    damaged: Sequence[tuple[Path, str]],
+    *,
+    resume: bool,
+    dist: Dist,
+) -> None:
+    """Once every input has loaded, before anything is written: refuse to train from step
+    0 over an earlier run (unless `resume=False`, which moves it aside), and on a resume
+    set damaged checkpoints aside and drop the records of the steps about to be redone."""
+    contents = previous_run_contents(run_dir)
+    if resume and ckpt is None and contents:
+        raise UserInputError(no_checkpoint_message(run_dir, contents, damaged))
+    if dist.is_main:
+        if not resume and contents:
+            aside = move_run_aside(run_dir)
+            log.warning(
+                "--no-resume: moved the earlier run in %s to %s; starting at step 0",
+                run_dir,
+                aside,
+            )
+        elif ckpt is not None:
+            _clean_up_for_resume(run_dir, ckpt, damaged)
+    dist.barrier()
+
+
+def _clean_up_for_resume(run_dir: Path, ckpt: Path, damaged: Sequence[tuple[Path, str]]) -> None:
+    """Damaged checkpoints aside, `latest` naming `ckpt`, later records dropped."""
+    moved = set_aside_damaged(damaged)
+    for (path, problem), aside in zip(damaged, moved, strict=True):
+        log.warning("checkpoint %s is damaged (%s): skipped, kept as %s", path, problem, aside.name)
+    ckpt_root = ckpt.parent
+    pointer = ckpt_root / LATEST
+    named = pointer.read_text(encoding="utf-8").strip() if pointer.is_file() else None
+    if named != ckpt.name:
+        point_latest(ckpt_root, ckpt)
+        log.warning(
+            "checkpoint pointer %s named %s; resuming from %s, the newest valid checkpoint",
+            pointer,
+            named or "nothing (missing)",
+            ckpt.name,
+        )
+    step = int(read_trainer_state(ckpt)["step"])
+    dropped = trim_records_after(run_dir, step)
+    if dropped:
+        log.warning("dropped the records of steps after %d: %s", step, ", ".join(dropped))

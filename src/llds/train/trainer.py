@@ -17,7 +17,6 @@ import logging
 import math
 import random
 import time
-from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -25,17 +24,13 @@ from typing import Any
 import torch
 
 from llds import metrics as keys
-from llds.algo import answer_weight_schedule, group_advantages, masked_mean, preserving_mask
-from llds.algo.objective import LLDS_STATS, POLICY_STATS, Objective, grpo_objective
+from llds.algo import group_advantages
 from llds.configio import to_dict
 from llds.data.example import QAExample
 from llds.diagnostics.alarms import Alarm, AlarmMonitor, should_act
-from llds.diagnostics.degenerate import punctuation_run_frac
 from llds.diagnostics.likelihood import (
     displacement_metrics,
     group_hidden_similarity,
-    likelihood_metrics,
-    shared_first_search_share,
 )
 from llds.diagnostics.probe import probe_metrics, run_probe
 from llds.diagnostics.reference import REFERENCE_FILE, ReferenceChains
@@ -47,12 +42,9 @@ from llds.retrieval.client import RetrievalServiceError
 from llds.rollout import RolloutBatch, RolloutEngine, RolloutRequest
 from llds.train import fsdp
 from llds.train.checkpoint import (
-    LATEST,
     find_resumable,
     load_training_state,
-    point_latest,
     publish_checkpoint,
-    read_trainer_state,
     save_checkpoint,
     set_rng_state,
     stage_checkpoint,
@@ -62,28 +54,20 @@ from llds.train.config import TrainConfig
 from llds.train.distributed import Dist
 from llds.train.forward import (
     batched_log_probs,
-    plan_micro_batches,
     pooled_response_hidden,
-    response_log_probs,
 )
 from llds.train.lora import ADAPTER_DIR, WithoutAdapters, attach_lora, load_adapter
 from llds.train.lr_schedule import lr_factor
 from llds.train.periodic_eval import PeriodicEvaluator, eval_rollout_config, is_due
-from llds.train.precision import Precision, compute_dtype_of, update_ratio
+from llds.train.policy_update import PolicyUpdate
+from llds.train.precision import Precision, compute_dtype_of
 from llds.train.resume import (
     apply_optimizer_changes,
-    check_allowances,
-    describe,
-    is_allowed,
-    move_run_aside,
-    no_checkpoint_message,
+    checked_config_changes,
     parse_allowances,
-    previous_run_contents,
-    refused_change_message,
-    resume_changes,
-    set_aside_damaged,
-    trim_records_after,
+    prepare_run_dir,
 )
+from llds.train.rollout_metrics import rollout_metrics
 from llds.train.setup import PromptStream, frozen_copy, load_model
 from llds.train.tracking import MetricsLogger, read_metrics
 
@@ -91,10 +75,6 @@ log = logging.getLogger("llds.train")
 
 
 SHARDED = "sharded"  # a checkpoint's FSDP shards of the weights and the optimizer state
-
-
-class NonFiniteError(RuntimeError):
-    """Too many non-finite losses or gradients in a row: the run stops instead of diverging."""
 
 
 class CollapseAlarmStop(RuntimeError):
@@ -135,7 +115,9 @@ class GRPOTrainer:
         ckpt, self.damaged = (
             self.dist.from_main(lambda: find_resumable(self.ckpt_root)) if resume else (None, [])
         )
-        changed = self._check_config_changes(ckpt, parse_allowances(allow_config_change))
+        changed = checked_config_changes(
+            cfg, ckpt, parse_allowances(allow_config_change), report=self.dist.is_main
+        )
 
         # float32 master weights whatever model.dtype says; that is the compute dtype
         if model is None or tokenizer is None:
@@ -231,9 +213,16 @@ class GRPOTrainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lr_factor(cfg.optim.schedule, cfg.warmup_steps, cfg.steps)
         )
+        self.updater = PolicyUpdate(
+            cfg,
+            self.model,
+            self.optimizer,
+            self.scaler,
+            self.precision,
+            self.dist,
+            sharded=self.sharded,
+        )
         self.step = 0
-        self.nonfinite_in_a_row = 0
-        self.skipped_updates = 0
         if ckpt is not None:
             state, blobs = load_training_state(ckpt)
             if self.sharded:  # the weights were loaded above; this restores the Adam state
@@ -246,10 +235,10 @@ class GRPOTrainer:
             set_rng_state(blobs["rng"])
             apply_optimizer_changes(self.optimizer, self.scheduler, cfg, changed)
             self.step = int(state["step"])
-            self.nonfinite_in_a_row = int(state.get("nonfinite_in_a_row", 0))
-            self.skipped_updates = int(state.get("skipped_updates", 0))
+            self.updater.nonfinite_in_a_row = int(state.get("nonfinite_in_a_row", 0))
+            self.updater.skipped_updates = int(state.get("skipped_updates", 0))
             log.info("resumed from %s at step %d", ckpt, self.step)
-        self._prepare_run_dir(ckpt)
+        prepare_run_dir(self.run_dir, ckpt, self.damaged, resume=resume, dist=self.dist)
         self.reference = self._reference_chains(
             self.evaluator.examples if self.evaluator is not None else eval_examples
         )
@@ -258,65 +247,6 @@ class GRPOTrainer:
         self.monitor = self._new_monitor()
         self.rollbacks = 0
         self.rollback_llds_coef: float | None = None  # LLDS turned on by a rollback
-
-    # ------------------------------------------------------------------ resume
-    def _check_config_changes(self, ckpt: Path | None, allow: Sequence[str]) -> set[str]:
-        """The config keys that differ from checkpoint `ckpt`'s; refused (UserInputError) unless
-        each is allowed by `allow` or always allowed. Runs before any model is loaded."""
-        check_allowances(allow, to_dict(self.cfg))
-        if ckpt is None:
-            return set()
-        saved = read_trainer_state(ckpt).get("config") or {}
-        free, asked = resume_changes(saved, self.cfg, TrainConfig())
-        refused = [c for c in asked if not is_allowed(c[0], allow)]
-        if refused:
-            raise UserInputError(refused_change_message(ckpt, refused))
-        if free and self.dist.is_main:
-            log.info("resuming with %s (always allowed)", describe(free))
-        if asked and self.dist.is_main:
-            log.warning("resuming with config changes (allowed): %s", describe(asked))
-        return {key for key, _, _ in free + asked}
-
-    def _prepare_run_dir(self, ckpt: Path | None) -> None:
-        """Once every input has loaded, before anything is written: refuse to train from step
-        0 over an earlier run (unless `resume=False`, which moves it aside), and on a resume
-        set damaged checkpoints aside and drop the records of the steps about to be redone."""
-        contents = previous_run_contents(self.run_dir)
-        if self.resume and ckpt is None and contents:
-            raise UserInputError(no_checkpoint_message(self.run_dir, contents, self.damaged))
-        if self.dist.is_main:
-            if not self.resume and contents:
-                aside = move_run_aside(self.run_dir)
-                log.warning(
-                    "--no-resume: moved the earlier run in %s to %s; starting at step 0",
-                    self.run_dir,
-                    aside,
-                )
-            elif ckpt is not None:
-                self._clean_up_for_resume(ckpt)
-        self.dist.barrier()
-
-    def _clean_up_for_resume(self, ckpt: Path) -> None:
-        """Damaged checkpoints aside, `latest` naming `ckpt`, later records dropped."""
-        moved = set_aside_damaged(self.damaged)
-        for (path, problem), aside in zip(self.damaged, moved, strict=True):
-            log.warning(
-                "checkpoint %s is damaged (%s): skipped, kept as %s", path, problem, aside.name
-            )
-        pointer = self.ckpt_root / LATEST
-        named = pointer.read_text(encoding="utf-8").strip() if pointer.is_file() else None
-        if named != ckpt.name:
-            point_latest(self.ckpt_root, ckpt)
-            log.warning(
-                "checkpoint pointer %s named %s; resuming from %s, the newest valid checkpoint",
-                pointer,
-                named or "nothing (missing)",
-                ckpt.name,
-            )
-        step = int(read_trainer_state(ckpt)["step"])
-        dropped = trim_records_after(self.run_dir, step)
-        if dropped:
-            log.warning("dropped the records of steps after %d: %s", step, ", ".join(dropped))
 
     # ------------------------------------------------------------------ loop
     def train(
@@ -446,14 +376,16 @@ class GRPOTrainer:
         # each local row's index in the step's global batch (question j, rollout i), so that
         # mini-batches are drawn from the global batch as a single process would draw them
         global_rows = [j * g + i for j in self.dist.shard(len(examples)) for i in range(g)]
-        update_stats = self._update(batch, adv, old_logp, ref_logp, k, global_rows)
+        update_stats = self.updater.run(
+            batch, adv, old_logp, ref_logp, k, global_rows, llds_coef=self._llds_coef()
+        )
         if self.sharded:
             fsdp.sync_unsharded_copy(self.model, self.rollout_model)
         t_update = time.perf_counter() - t3
         self.scheduler.step()
 
         t4 = time.perf_counter()
-        metrics = self._rollout_metrics(batch, adv, old_logp, entropy)
+        metrics = rollout_metrics(batch, adv, old_logp, entropy, self.dist.sum)
         metrics.update(update_stats)
         if cfg.diagnostics.enabled:
             metrics.update(self._displacement(batch, old_logp, adv, k))
@@ -723,200 +655,6 @@ class GRPOTrainer:
         lc = self.cfg.algo.llds
         return lc.coef if lc.enabled else 0.0
 
-    def _answer_weight(self, batch: RolloutBatch) -> float:
-        lc = self.cfg.algo.llds
-        if lc.answer_weight is not None:
-            return lc.answer_weight
-        return global_answer_weight(batch.episodes, self.dist, lc.answer_baseline)
-
-    def _update(
-        self, batch: RolloutBatch, adv, old_logp, ref_logp, k: int, global_rows: list[int]
-    ) -> dict[str, float]:
-        cfg, algo, lc = self.cfg, self.cfg.algo, self.cfg.algo.llds
-        llds_coef = self._llds_coef()
-        use_llds = llds_coef > 0
-        objective = Objective(
-            clip_low=algo.clip_low,
-            clip_high=algo.clip_high,
-            ratio_type=algo.ratio_type,
-            dual_clip=algo.dual_clip,
-            aggregation=algo.aggregation,
-            kl_coef=algo.kl_coef,
-            kl_kind=algo.kl_kind,
-            entropy_coef=algo.entropy_coef,
-            llds_coef=llds_coef,
-            llds_gate=lc.gate,
-            llds_aggregation=lc.aggregation,
-        )
-        beta = self._answer_weight(batch) if (use_llds and lc.mask_answer) else 1.0
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        track = cfg.diagnostics.enabled and cfg.diagnostics.update_ratio
-        start = [_local(p).clone() for p in params] if track else None
-        local_of = {gid: local for local, gid in enumerate(global_rows)}
-        n_global = cfg.prompts_per_step * cfg.rollout.group_size
-        gen = torch.Generator().manual_seed(cfg.seed * 7_919 + k)
-        acc: Counter[str] = Counter()
-        extremes: dict[str, float] = {}
-        grad_norms: list[float] = []
-        n_updates = 0
-        first_mini_batches = 0
-        for _ in range(cfg.optim.epochs):
-            order = torch.randperm(n_global, generator=gen).tolist()
-            for part in _split(order, cfg.optim.mini_batches):
-                mb = [local_of[gid] for gid in part if gid in local_of]  # this rank's rows
-                # Before the batch's first successful optimizer step pi_theta == pi_old: d is
-                # rounding noise only, and LLDS is exactly 0 unless the authors' behaviour is asked
-                first = n_updates == 0
-                first_mini_batches += first
-                llds_acts = use_llds and (not first or lc.first_update == "computed")
-                # denominators over the GLOBAL mini-batch (all ranks), so summed gradients equal
-                # the single-process gradient
-                lm = batch.loss_mask[mb]
-                n_tok = self.dist.sum(lm.sum()).float().clamp(min=1)
-                n_seq = self.dist.sum(lm.any(-1).sum()).float().clamp(min=1)
-                n_pre = (
-                    self.dist.sum(preserving_mask(adv[mb], lm).any(-1).sum()).float().clamp(min=1)
-                )
-                self.optimizer.zero_grad(set_to_none=True)
-                plan = plan_micro_batches(batch, mb, cfg.optim.micro_batch_tokens)
-                if self.sharded:  # every rank must make as many forward/backward calls
-                    for _ in range(fsdp.max_over_ranks(len(plan)) - len(plan)):
-                        self._zero_weight_backward(batch, plan[0] if plan else [0])
-                for micro in plan:
-                    sub = batch.select(micro)
-                    w = sub.response_len
-                    need_ent = algo.entropy_coef > 0
-                    with self.precision.autocast():
-                        lp, ent = response_log_probs(
-                            self.model,
-                            sub,
-                            temperature=cfg.rollout.temperature,
-                            with_entropy=need_ent,
-                            share_prompts=not self.sharded,
-                        )
-                    mask = sub.loss_mask.to(lp.device)
-                    old = old_logp[micro, :w].to(lp.device)
-                    a = adv[micro].to(lp.device)
-                    loss, st = grpo_objective(
-                        lp,
-                        old,
-                        a,
-                        mask,
-                        objective,
-                        ref_log_probs=None
-                        if ref_logp is None
-                        else ref_logp[micro, :w].to(lp.device),
-                        entropy=ent,
-                        answer_mask=sub.answer_mask.to(lp.device) if lc.mask_answer else None,
-                        answer_weight=beta,
-                        llds_acts=llds_acts,
-                        num_sequences=n_seq,
-                        num_tokens=n_tok,
-                        num_preserving=n_pre,
-                    )
-                    share = float(mask.sum()) / max(1.0, float(lm.sum()))  # local mean weights
-                    _accumulate(acc, extremes, st, share, first=first, llds_acts=llds_acts)
-                    (loss if self.scaler is None else self.scaler.scale(loss)).backward()
-                if self.sharded:  # FSDP has already summed the gradients into each shard
-                    norm = fsdp.clip_grad_norm(params, cfg.optim.grad_clip)
-                else:
-                    self.dist.sum_grads(params)
-                    if self.scaler is not None:
-                        self.scaler.unscale_(self.optimizer)
-                    norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip)
-                if not torch.isfinite(norm):
-                    self.optimizer.zero_grad(set_to_none=True)
-                    if self.scaler is not None:  # float16 overflow: lower the loss scale, go on
-                        self.scaler.update()
-                    self.nonfinite_in_a_row += 1
-                    self.skipped_updates += 1
-                    log.warning(
-                        "step %d: non-finite gradient, update skipped (%d in a row)",
-                        k,
-                        self.nonfinite_in_a_row,
-                    )
-                    if self.nonfinite_in_a_row >= cfg.optim.max_nonfinite_in_a_row:
-                        raise NonFiniteError(
-                            f"{self.nonfinite_in_a_row} non-finite gradients in a row at step {k}; "
-                            "stopping (optim.max_nonfinite_in_a_row)"
-                        )
-                    continue
-                self.nonfinite_in_a_row = 0
-                grad_norms.append(float(norm))
-                if self.scaler is None:
-                    self.optimizer.step()
-                else:
-                    self.scaler.step(self.optimizer)
-                    self.scaler.update()
-                n_updates += 1
-        n_mb = cfg.optim.mini_batches * cfg.optim.epochs
-        out = {key: val / n_mb for key, val in acc.items()}
-        if (
-            keys.LLDS_FIRST_STEP_GATE_FRAC in acc
-        ):  # measured on one mini-batch, not averaged over all
-            out[keys.LLDS_FIRST_STEP_GATE_FRAC] = acc[keys.LLDS_FIRST_STEP_GATE_FRAC] / max(
-                1, first_mini_batches
-            )
-        for key in (keys.PG_LOSS, keys.KL, keys.LLDS_LOSS):
-            if key in out:  # this rank's share of a global sum: the cross-rank mean restores it
-                out[key] *= self.dist.world
-        out.update(extremes)
-        out[keys.GRAD_NORM] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
-        out["policy/grad_norm_max"] = max(grad_norms) if grad_norms else float("nan")
-        out["optim/updates"] = n_updates
-        out[keys.SKIPPED_TOTAL] = self.skipped_updates
-        if start is not None:
-            moved, size = update_ratio(start, [_local(p) for p in params])
-            if self.sharded:  # each rank holds a shard: sum both parts over ranks
-                moved, size = float(self.dist.sum(moved)), float(self.dist.sum(size))
-            out[keys.UPDATE_RATIO] = math.sqrt(moved / size) if size > 0 else 0.0
-        if use_llds:
-            out["llds/answer_weight"] = beta
-        self.optimizer.zero_grad(set_to_none=True)
-        return out
-
-    def _rollout_metrics(self, batch: RolloutBatch, adv, old_logp, entropy) -> dict[str, float]:
-        eps = batch.episodes
-        n = max(1, len(eps))
-        correct = torch.tensor([e.em > 0 for e in eps])
-        groups: dict[str, list[float]] = {}
-        for e in eps:
-            groups.setdefault(e.group_id, []).append(e.em)
-        mixed = sum(1 for g in groups.values() if 0 < sum(g) < len(g))
-        all_right = sum(1 for g in groups.values() if sum(g) == len(g))
-        stops = Counter(e.stop_reason for e in eps)
-        m: dict[str, float] = {
-            keys.REWARD_MEAN: float(batch.rewards.mean()),
-            keys.REWARD_EM: sum(e.em for e in eps) / n,
-            "reward/f1": sum(e.f1 for e in eps) / n,
-            "reward/sub_em": sum(e.sub_em for e in eps) / n,
-            keys.VALID_SEARCHES: sum(e.num_valid_searches for e in eps) / n,
-            "rollout/turns": sum(e.num_turns for e in eps) / n,
-            "rollout/invalid_actions": sum(e.num_invalid for e in eps) / n,
-            keys.RESPONSE_TOKENS: float(batch.loss_mask.sum()) / n,
-            "rollout/answered_frac": stops["answer"] / n,
-            # a count over the global batch (every rank logs the same sum)
-            keys.CONTEXT_CAPPED: float(self.dist.sum(sum(e.context_capped for e in eps))),
-            "rollout/valid_format_frac": sum(e.valid_format for e in eps) / n,
-            keys.PUNCT_RUN_FRAC: punctuation_run_frac([" ".join(e.action_texts) for e in eps]),
-            "groups/mixed_frac": mixed / max(1, len(groups)),
-            "groups/all_correct_frac": all_right / max(1, len(groups)),
-            keys.ENTROPY: float(masked_mean(entropy, batch.loss_mask))
-            if entropy is not None
-            else float("nan"),
-            "advantage/abs_mean": float(adv.abs().mean()),
-        }
-        searches = torch.tensor([e.num_valid_searches for e in eps])
-        m.update(
-            likelihood_metrics(old_logp, batch.loss_mask, batch.action_index, correct, searches)
-        )
-        m["lld/shared_first_search_wrong_frac"] = shared_first_search_share(
-            batch.group_ids,
-            correct.tolist(),
-            [e.retrieved_ids[0] if e.retrieved_ids else None for e in eps],
-        )
-        return m
-
     def _displacement(self, batch: RolloutBatch, old_logp, adv, k: int) -> dict[str, float]:
         """One extra no-grad forward: how did this step's updates move the batch's likelihood?"""
         frac = self.cfg.diagnostics.sample_fraction
@@ -963,18 +701,6 @@ class GRPOTrainer:
             pooled, [batch.group_ids[r] for r in rows], [correct[r] for r in rows]
         )
 
-    def _zero_weight_backward(self, batch: RolloutBatch, rows: list[int]) -> None:
-        """A forward/backward that adds nothing to the gradient: under FSDP every rank must take
-        part in as many collective passes as the rank with the most micro-batches."""
-        with self.precision.autocast():
-            lp, _ = response_log_probs(
-                self.model,
-                batch.select(rows),
-                temperature=self.cfg.rollout.temperature,
-                share_prompts=False,
-            )
-        (lp.sum() * 0.0).backward()
-
     def save(self) -> Path | None:
         """Write the checkpoint atomically; every rank waits until it is complete.
 
@@ -983,8 +709,8 @@ class GRPOTrainer:
         model directory (`model/`, what `llds eval` loads) and the rest."""
         state = {
             "step": self.step,
-            "nonfinite_in_a_row": self.nonfinite_in_a_row,
-            "skipped_updates": self.skipped_updates,
+            "nonfinite_in_a_row": self.updater.nonfinite_in_a_row,
+            "skipped_updates": self.updater.skipped_updates,
             "config": to_dict(self.cfg),
         }
         if not self.sharded:
@@ -1028,55 +754,9 @@ class GRPOTrainer:
         return path
 
 
-def global_answer_weight(episodes: Sequence[Any], dist: Dist, baseline: float) -> float:
-    """LLDS-MA's beta = min(V / baseline, 1) with V the mean valid searches per rollout of the
-    GLOBAL batch (every process's rollouts): each rank then weights answers alike. A per-rank
-    beta would differ between ranks whenever the clip at 1 acts on one of them."""
-    searches = dist.sum(sum(e.num_valid_searches for e in episodes))
-    rollouts = dist.sum(len(episodes))
-    return answer_weight_schedule(float(searches) / max(1.0, float(rollouts)), baseline)
-
-
 def rollout_seed(seed: int, step: int, row: int) -> int:
     """A distinct 62-bit sampling seed per (run seed, step, global rollout index)."""
     return ((seed * 1_000_003 + step) * 1_000_033 + row) % (1 << 62)
-
-
-def _accumulate(
-    acc: Counter[str],
-    extremes: dict[str, float],
-    stats: dict[str, torch.Tensor],
-    share: float,
-    *,
-    first: bool,
-    llds_acts: bool,
-) -> None:
-    """Add one micro-batch's objective stats to the mini-batch's: losses are shares of a global
-    sum (added), fractions are weighted by the micro-batch's share of the tokens, ratio extremes
-    are extremes; LLDS's gate on the batch's first step is kept apart (it measures noise)."""
-    acc[keys.PG_LOSS] += float(stats[keys.PG_LOSS])
-    for key in POLICY_STATS:
-        acc[f"policy/{key}"] += float(stats[f"policy/{key}"]) * share
-    extremes[keys.RATIO_MAX] = max(
-        extremes.get(keys.RATIO_MAX, -1e30), float(stats[keys.RATIO_MAX])
-    )
-    extremes[keys.RATIO_MIN] = min(extremes.get(keys.RATIO_MIN, 1e30), float(stats[keys.RATIO_MIN]))
-    if keys.KL in stats:
-        acc[keys.KL] += float(stats[keys.KL])
-    if keys.LLDS_GATE_FRAC not in stats:
-        return
-    if first:
-        acc[keys.LLDS_FIRST_STEP_GATE_FRAC] += float(stats[keys.LLDS_GATE_FRAC]) * share
-    if llds_acts:
-        acc[keys.LLDS_LOSS] += float(stats[keys.LLDS_LOSS])
-        for key in LLDS_STATS:
-            acc[f"llds/{key}"] += float(stats[f"llds/{key}"]) * share
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """A parameter's local data: the shard of a sharded (DTensor) parameter, else itself."""
-    t = t.detach()
-    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def _to_float32(model) -> None:
@@ -1093,16 +773,6 @@ def _fusable(params: Sequence[torch.nn.Parameter]) -> bool:
     instead of a handful of elementwise ops (the default per-tensor loop is several times slower
     on CPU)."""
     return all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
-
-
-def _split(order: list[int], parts: int) -> list[list[int]]:
-    size, extra = divmod(len(order), parts)
-    out, start = [], 0
-    for i in range(parts):
-        end = start + size + (1 if i < extra else 0)
-        out.append(order[start:end])
-        start = end
-    return out  # possibly empty parts: every rank must take the same number of optimizer steps
 
 
 def _template_from(spec: str) -> PromptTemplate:
