@@ -531,3 +531,19 @@ def test_report_shows_reference_chains_only_when_logged(tmp_path):
     # rewritten into the first report's folder: its reference figure does not linger there
     write_report([plain], tmp_path / "report")
     assert not (tmp_path / "report" / "reference.png").exists()
+
+
+def test_response_length_panel_has_the_punctuation_run_share_below_it():
+    rows = synthetic_rows("healthy", seed=8, steps=30, displacement=True)
+    rows = [{**r, "rollout/punct_run_frac": 0.1 * (r["step"] % 3)} for r in rows]
+    run = RunSeries("new", "#1f77b4", rows, detect_phases(rows), [])
+    fig = draw_comparison([run])
+    upper, lower = _axis(fig, "model tokens per rollout"), _axis(fig, "punct. runs")
+    assert ("-", *_raw(rows, "rollout/punct_run_frac")) in _curves(lower, "#1f77b4")
+    assert [0.0, 0.0] in [list(ln.get_ydata()) for ln in lower.get_lines()]
+    assert upper.get_shared_x_axes().joined(upper, lower)
+    assert "<code>rollout/punct_run_frac</code>, the share of rollouts" in curves_caption([run])
+    old = [{k: v for k, v in r.items() if k != "rollout/punct_run_frac"} for r in rows]
+    fig = draw_comparison([RunSeries("old", "#d62728", old, detect_phases(old), [])])
+    texts = [t.get_text() for t in _axis(fig, "punct. runs").texts]
+    assert texts == ["not logged"]

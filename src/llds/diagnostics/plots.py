@@ -120,6 +120,16 @@ POS_FELL = Panel(
 )
 """`lld/frac_pos_fell`; its line is the detector's threshold (`PhaseConfig.pos_fell_frac`)."""
 
+RESPONSE_LENGTH = Panel(
+    "Response length",
+    "model tokens per rollout",
+    keys.RESPONSE_TOKENS,
+    below=Panel("", "punct. runs", keys.PUNCT_RUN_FRAC, hline=0.0),
+)
+"""Tokens the model wrote per rollout; under it the share of rollouts padded with a run of one
+punctuation character (`rollout/punct_run_frac`), a degeneration that exact match, which drops
+punctuation, does not see in the reward."""
+
 PANELS: tuple[Panel, ...] = (
     Panel("Reward", "mean reward", keys.REWARD_MEAN, keys.REWARD_EM),
     Panel(
@@ -135,7 +145,7 @@ PANELS: tuple[Panel, ...] = (
     Panel("Gradient norm", "L2 norm (log scale)", keys.GRAD_NORM, log_y=True),
     Panel("Max likelihood ratio", "pi / pi_old (log scale)", keys.RATIO_MAX, log_y=True),
     Panel("Valid searches", "searches per rollout", keys.VALID_SEARCHES),
-    Panel("Response length", "model tokens per rollout", keys.RESPONSE_TOKENS),
+    RESPONSE_LENGTH,
 )
 
 
