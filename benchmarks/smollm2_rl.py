@@ -251,7 +251,7 @@ def table(out: Path, seeds: Sequence[int]) -> str:
     for arm in ARMS:
         for seed in seeds:
             run = run_dir(out, arm, seed)
-            if (run / "metrics.jsonl").is_file():
+            if read_metrics(run):  # started runs only (a run's first step may not be logged yet)
                 lines.append(run_row(arm, seed, run, start))
     return "\n".join(lines)
 
