@@ -165,37 +165,10 @@ class PolicyUpdate:
                     share = float(mask.sum()) / max(1.0, float(lm.sum()))  # local mean weights
                     _accumulate(acc, extremes, st, share, first=first, llds_acts=llds_acts)
                     (loss if self.scaler is None else self.scaler.scale(loss)).backward()
-                if self.sharded:  # FSDP has already summed the gradients into each shard
-                    norm = fsdp.clip_grad_norm(params, cfg.optim.grad_clip)
-                else:
-                    self.dist.sum_grads(params)
-                    if self.scaler is not None:
-                        self.scaler.unscale_(self.optimizer)
-                    norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip)
-                if not torch.isfinite(norm):
-                    self.optimizer.zero_grad(set_to_none=True)
-                    if self.scaler is not None:  # float16 overflow: lower the loss scale, go on
-                        self.scaler.update()
-                    self.nonfinite_in_a_row += 1
-                    self.skipped_updates += 1
-                    log.warning(
-                        "step %d: non-finite gradient, update skipped (%d in a row)",
-                        k,
-                        self.nonfinite_in_a_row,
-                    )
-                    if self.nonfinite_in_a_row >= cfg.optim.max_nonfinite_in_a_row:
-                        raise NonFiniteError(
-                            f"{self.nonfinite_in_a_row} non-finite gradients in a row at step {k}; "
-                            "stopping (optim.max_nonfinite_in_a_row)"
-                        )
+                norm = self._clipped_step(params, k)
+                if norm is None:  # non-finite: skipped
                     continue
-                self.nonfinite_in_a_row = 0
-                grad_norms.append(float(norm))
-                if self.scaler is None:
-                    self.optimizer.step()
-                else:
-                    self.scaler.step(self.optimizer)
-                    self.scaler.update()
+                grad_norms.append(norm)
                 n_updates += 1
         n_mb = cfg.optim.mini_batches * cfg.optim.epochs
         out = {key: val / n_mb for key, val in acc.items()}
@@ -222,6 +195,43 @@ class PolicyUpdate:
             out["llds/answer_weight"] = beta
         self.optimizer.zero_grad(set_to_none=True)
         return out
+
+    def _clipped_step(self, params: list[torch.nn.Parameter], k: int) -> float | None:
+        """Sum the gradients over processes, clip them and step the optimizer; returns the norm
+        before clipping, or None when it is not finite (the update is skipped, and too many in a
+        row stop the run)."""
+        cfg = self.cfg
+        if self.sharded:  # FSDP has already summed the gradients into each shard
+            norm = fsdp.clip_grad_norm(params, cfg.optim.grad_clip)
+        else:
+            self.dist.sum_grads(params)
+            if self.scaler is not None:
+                self.scaler.unscale_(self.optimizer)
+            norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip)
+        if not torch.isfinite(norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            if self.scaler is not None:  # float16 overflow: lower the loss scale, go on
+                self.scaler.update()
+            self.nonfinite_in_a_row += 1
+            self.skipped_updates += 1
+            log.warning(
+                "step %d: non-finite gradient, update skipped (%d in a row)",
+                k,
+                self.nonfinite_in_a_row,
+            )
+            if self.nonfinite_in_a_row >= cfg.optim.max_nonfinite_in_a_row:
+                raise NonFiniteError(
+                    f"{self.nonfinite_in_a_row} non-finite gradients in a row at step {k}; "
+                    "stopping (optim.max_nonfinite_in_a_row)"
+                )
+            return None
+        self.nonfinite_in_a_row = 0
+        if self.scaler is None:
+            self.optimizer.step()
+        else:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        return float(norm)
 
     def _answer_weight(self, batch: RolloutBatch) -> float:
         """LLDS-MA's answer weight: the config's fixed one, else from the global batch."""
