@@ -223,9 +223,8 @@ def _series(evals: dict[int, EvalResult], source: str, field: str) -> str:
     return " / ".join(_fmt(_source(evals[s], source, field)) for s in sorted(evals))
 
 
-def run_row(arm: str, seed: int, run: Path, start: Path) -> str:
-    """One run's line of the table."""
-    rows = read_metrics(run)
+def run_row(arm: str, seed: int, run: Path, rows: Sequence[dict[str, Any]], start: Path) -> str:
+    """One run's line of the table (`rows`: its metrics log)."""
     evals = _evals(run, start)
     disp, fell = _values(rows, keys.DISP_POS), _values(rows, keys.FRAC_POS_FELL)
     reward = f"{_fmt(_mean(rows[:10], 'reward/mean'))} / {_fmt(_mean(rows[-10:], 'reward/mean'))}"
@@ -251,8 +250,9 @@ def table(out: Path, seeds: Sequence[int]) -> str:
     for arm in ARMS:
         for seed in seeds:
             run = run_dir(out, arm, seed)
-            if read_metrics(run):  # started runs only (a run's first step may not be logged yet)
-                lines.append(run_row(arm, seed, run, start))
+            rows = read_metrics(run)
+            if rows:  # started runs only (a run's first step may not be logged yet)
+                lines.append(run_row(arm, seed, run, rows, start))
     return "\n".join(lines)
 
 

@@ -193,12 +193,13 @@ def curves_caption(runs: Sequence[RunSeries], cfg: AlarmConfig | None = None) ->
             "rollouts, drawn above the reward."
         )
     parts.append(displacement_caption(runs, cfg or AlarmConfig()))
-    parts.append(
-        f"Under the response length: {_code(keys.PUNCT_RUN_FRAC)}, the share of rollouts whose "
-        "own text has a run of 5 or more of one punctuation character (e.g. "
-        "<code>Paris)))))</code>), a degeneration exact match does not see, since it drops "
-        "punctuation."
-    )
+    if any(series(run.rows, keys.PUNCT_RUN_FRAC)[0] for run in runs):
+        parts.append(
+            f"Under the response length: {_code(keys.PUNCT_RUN_FRAC)}, the share of rollouts whose "
+            "own text has a run of 5 or more of one punctuation character (e.g. "
+            "<code>Paris)))))</code>), a degeneration exact match does not see, since it drops "
+            "punctuation."
+        )
     if has_phase_strips(runs):
         parts.append(
             "Coloured strips along the bottom of each panel: steps in stagnation, steady decay "
