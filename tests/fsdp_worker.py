@@ -19,6 +19,7 @@ import torch.distributed as td
 from torch.distributed.tensor import DTensor
 
 from llds.models.bpe import train_bpe_tokenizer
+from llds.models.hf import enable_activation_checkpointing
 from llds.models.tiny import tiny_causal_lm_for
 from llds.rollout.batch import Episode, RolloutBatch
 from llds.train import fsdp
@@ -165,7 +166,7 @@ def main(out: Path) -> None:
 
     # HF activation checkpointing inside the FSDP units gives the same step
     gc_base = new_model()
-    gc_base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    enable_activation_checkpointing(gc_base, use_reentrant=False)
     gc = fsdp.shard_policy(gc_base, compute_dtype=None)
     r["checkpointed_norm"] = step(gc, adamw(gc.parameters(), 1e-3, fused=True), batch, micro, n_tok)
     r["checkpointed_vs_full"] = max_diff(fsdp.full_state_dict(gc, all_ranks=True), full1)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from conftest import make_tiny_model
+from llds.models.hf import enable_activation_checkpointing
 from llds.rollout.batch import Episode, RolloutBatch
 from llds.train import forward as forward_mod
 from llds.train.forward import batched_log_probs, pooled_response_hidden, response_log_probs
@@ -127,7 +128,7 @@ def test_gradient_checkpointing_falls_back_to_the_plain_pass(world_tokenizer, mo
     batch = _batch(len(world_tokenizer), world_tokenizer.pad_token_id)
     model.train()
     _, _, grads0 = _loss_and_grads(model, batch, actions_only=False)
-    model.gradient_checkpointing_enable()
+    enable_activation_checkpointing(model)
     taken = _spy(monkeypatch)
     _, _, grads = _loss_and_grads(model, batch)
     assert taken == [False]

@@ -91,3 +91,17 @@ def load_policy(
     if gen is not None and gen.pad_token_id is None:
         gen.pad_token_id = tokenizer.pad_token_id
     return model.to(device), tokenizer
+
+
+def enable_activation_checkpointing(model: Any, **checkpoint_kwargs: Any) -> None:
+    """Recompute each layer's activations in the backward pass, under this release's name.
+
+    transformers 5 renamed `gradient_checkpointing_enable` to `activation_checkpointing_enable`
+    and keeps the old name, with a warning, only until v6; older releases have only the old one.
+    `checkpoint_kwargs` go to `torch.utils.checkpoint` (e.g. `use_reentrant=False`).
+    """
+    kwargs = checkpoint_kwargs or None
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)

@@ -28,6 +28,7 @@ from llds.env.actions import parse_action
 from llds.env.observation import information_block, invalid_action_message
 from llds.env.rewards import FormatRewardConfig, final_answer, score_answer
 from llds.errors import ConfigError
+from llds.models.kv_cache import cache_argument, returned_cache
 from llds.retrieval.base import Retriever
 from llds.rollout.batch import Episode, RolloutBatch
 from llds.rollout.config import RolloutConfig
@@ -114,12 +115,12 @@ class RolloutEngine:
             input_ids=ids,
             attention_mask=full_mask,
             position_ids=positions,
-            past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,
+            **{cache_argument(self.model): cache},
         )
         self.stats["forward_calls"] += 1
-        return out.logits[:, -1, :], out.past_key_values, full_mask
+        return out.logits[:, -1, :], returned_cache(out), full_mask
 
     def _prefill(self, pending: list[list[int]], cache, cache_mask: Tensor | None):
         """`_forward` for a turn's new context; without a cache yet, rows with the same prompt

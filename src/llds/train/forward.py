@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from llds.algo.logprobs import token_log_probs_and_entropy
+from llds.models.kv_cache import cache_argument, returned_cache
 from llds.rollout.batch import RolloutBatch
 
 
@@ -121,7 +122,7 @@ def _shared_prompt_outputs(
         use_cache=True,
         **({} if hidden else {"logits_to_keep": 1}),
     )
-    cache = head.past_key_values
+    cache = returned_cache(head)
     if not hasattr(cache, "batch_select_indices") or cache.get_seq_length() != p:
         return None  # no cache, or one that cannot be gathered to rows: the plain path
     cache.batch_select_indices(inverse)  # the prompt's keys/values, one copy per row
@@ -129,8 +130,8 @@ def _shared_prompt_outputs(
         input_ids=ids[:, p:-1],
         attention_mask=mask[:, :-1],
         position_ids=positions[:, p:-1],
-        past_key_values=cache,
         use_cache=True,
+        **{cache_argument(net): cache},
     )
     last, rest = (
         (head.last_hidden_state[:, -1:], tail.last_hidden_state)

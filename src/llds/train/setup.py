@@ -54,7 +54,7 @@ def load_model(
     whatever the compute dtype (see `llds.train.precision`); evaluation may load bf16 directly.
     `device_key` is what an unusable device is called in the error (the caller's key or flag).
     """
-    from llds.models.hf import load_policy
+    from llds.models.hf import enable_activation_checkpointing, load_policy
 
     source = path or cfg.path
     device = str(resolve_device(cfg.device, device_key))
@@ -66,7 +66,7 @@ def load_model(
     else:
         model, tok = load_policy(source, dtype=storage, device=device)
     if cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+        enable_activation_checkpointing(model)
         model.config.use_cache = True  # generation still uses the cache
     return model, tok
 
