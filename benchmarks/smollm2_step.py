@@ -150,17 +150,20 @@ def one_arm(args: argparse.Namespace) -> dict[str, Any]:
 def decode_rate(model, batch, tokens: int = 64) -> float:
     """Tokens per second of greedy decoding with a KV cache, all rows at once (the engine's
     decode loop without sampling), from the batch's prompts."""
+    from llds.models.kv_cache import cache_argument, returned_cache
+
     model.eval()
     p = batch.prompt_len
     ids, mask = batch.input_ids[:, :p], batch.attention_mask[:, :p]
     with torch.no_grad():
         out = model(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=1)
-        cache, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
+        cache, nxt = returned_cache(out), out.logits[:, -1:].argmax(-1)
+        name = cache_argument(model)
         t0 = time.perf_counter()
         for _ in range(tokens):
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-            out = model(input_ids=nxt, attention_mask=mask, past_key_values=cache, logits_to_keep=1)
-            cache, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
+            out = model(input_ids=nxt, attention_mask=mask, logits_to_keep=1, **{name: cache})
+            cache, nxt = returned_cache(out), out.logits[:, -1:].argmax(-1)
         return tokens * len(batch) / (time.perf_counter() - t0)
 
 

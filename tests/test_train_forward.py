@@ -5,11 +5,14 @@ prompt cache or a split head cannot be used."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from conftest import make_tiny_model
 from llds.models.hf import enable_activation_checkpointing
+from llds.models.kv_cache import NEW_NAME, OLD_NAME, returned_cache
 from llds.rollout.batch import Episode, RolloutBatch
 from llds.train import forward as forward_mod
 from llds.train.forward import batched_log_probs, pooled_response_hidden, response_log_probs
@@ -153,8 +156,10 @@ class _Wrapped(torch.nn.Module):
 
     def forward(self, **kwargs):
         out = self.model(**kwargs)
-        if out.past_key_values is not None:
-            out.past_key_values = _NoSelectCache(out.past_key_values)
+        cache = returned_cache(out)
+        if cache is not None:
+            field = NEW_NAME if NEW_NAME in {f.name for f in dataclasses.fields(out)} else OLD_NAME
+            setattr(out, field, _NoSelectCache(cache))
         return out
 
 
