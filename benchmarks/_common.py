@@ -10,7 +10,8 @@ from collections.abc import Callable
 
 
 def machine() -> str:
-    """One line naming the CPU/GPU, core count and library versions the numbers were taken on."""
+    """One line naming the CPU/GPU, core count, torch's CPU kernel set (its figures depend on it)
+    and library versions the numbers were taken on."""
     import torch
 
     cpu = platform.processor() or platform.machine()
@@ -24,8 +25,9 @@ def machine() -> str:
         pass
     dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
     threads = torch.get_num_threads()
+    kernels = torch.backends.cpu.get_cpu_capability()
     return (
-        f"{cpu}, {os.cpu_count()} cores ({threads} torch threads), {dev}, "
+        f"{cpu}, {os.cpu_count()} cores ({threads} torch threads, {kernels} CPU kernels), {dev}, "
         f"torch {torch.__version__}, Python {platform.python_version()}"
     )
 

@@ -268,6 +268,33 @@ def test_allowed_lr_change_takes_effect(inputs, reference, run, caplog) -> None:
     assert [r["step"] for r in rows] == [*STEPS, 5, 6]
     assert [r["lr"] for r in rows] == [0.001] * 4 + [0.01] * 2
     assert comparable(rows[:4]) == comparable(read_metrics(reference))
+    assert "floating-point environment" not in caplog.text  # same machine, same kernels
+
+
+def test_resume_under_other_cpu_kernels_warns_and_goes_on(
+    inputs, reference, run, caplog, monkeypatch
+) -> None:
+    from llds.train import resume
+    from llds.train.config import load_config
+    from llds.train.float_env import float_environment
+    from llds.train.trainer import GRPOTrainer
+
+    saved = json.loads((run / "checkpoints" / "step_000004" / "trainer_state.json").read_text())
+    here = float_environment()
+    assert saved["float_env"] == {**here, "threads": 1}  # the config's one thread
+    other = "AVX512" if here["cpu_kernels"] == "AVX2" else "AVX2"
+    monkeypatch.setattr(
+        resume, "float_environment", lambda: {**saved["float_env"], "cpu_kernels": other}
+    )
+    cfg = load_config(inputs / "cfg.yaml", [f"run_dir={run}", "steps=5"])
+    with caplog.at_level(logging.INFO, logger="llds"):
+        tr = GRPOTrainer(cfg)
+    kernels = saved["float_env"]["cpu_kernels"]
+    assert f"another floating-point environment (cpu_kernels: {kernels} -> {other})" in caplog.text
+    assert f"ATEN_CPU_CAPABILITY={kernels.lower()} selects the checkpoint's" in caplog.text
+    assert tr.step == 4
+    tr.train()
+    assert steps_of(run) == [*STEPS, 5]
 
 
 # ----------------------------------------------------------------------- --no-resume

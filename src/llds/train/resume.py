@@ -9,7 +9,8 @@ Three rules, so that no step is lost, repeated or silently trained with other se
 * a run directory that holds an earlier run is never trained over from step 0 unless asked
   (`resume=False` / `--no-resume`), and then the earlier run is renamed aside, not deleted;
 * a resume whose config differs from the checkpoint's is refused, listing the changed keys,
-  unless each is allowed (`allow_config_change`); `ALWAYS_ALLOWED` keys need no permission.
+  unless each is allowed (`allow_config_change`); `ALWAYS_ALLOWED` keys need no permission;
+  one on another floating-point environment (`llds.train.float_env`) goes on with a warning.
 
 Pure helpers (what changed, what is allowed, the messages) are separate from the few
 functions that touch the file system.
@@ -38,6 +39,7 @@ from llds.train.checkpoint import (
 from llds.train.config import TrainConfig
 from llds.train.distributed import Dist
 from llds.train.eval_result import eval_files
+from llds.train.float_env import float_environment, resume_warning
 from llds.train.tracking import METRICS_FILE, read_metrics
 
 ALWAYS_ALLOWED = ("steps", "run_dir", "threads", "save_every", "keep_checkpoints", "logging")
@@ -57,6 +59,8 @@ OPTIM_KEYS = {"optim.weight_decay": "weight_decay", "optim.eps": "eps", "optim.b
 """Config keys stored in the optimizer's param groups (and restored from a checkpoint's)."""
 
 Change = tuple[str, Any, Any]
+FLOAT_ENV_KEY = "float_env"
+"""The trainer state's record of `llds.train.float_env.float_environment()`."""
 
 
 # ------------------------------------------------------------------ config changes (pure)
@@ -287,6 +291,17 @@ def checked_config_changes(
     if asked and report:
         log.warning("resuming with config changes (allowed): %s", describe(asked))
     return {key for key, _, _ in free + asked}
+
+
+def warn_if_float_env_changed(ckpt: Path | None) -> None:
+    """Log a warning when checkpoint `ckpt` was written under another torch build, CPU kernel
+    set, accelerator or thread count than this process has (the main process only)."""
+    if ckpt is None:
+        return
+    saved = read_trainer_state(ckpt).get(FLOAT_ENV_KEY) or {}
+    warning = resume_warning(saved, float_environment())
+    if warning:
+        log.warning(warning)
 
 
 def prepare_run_dir(

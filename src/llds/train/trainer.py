@@ -52,6 +52,7 @@ from llds.train.checkpoint import (
 )
 from llds.train.config import TrainConfig
 from llds.train.distributed import Dist
+from llds.train.float_env import float_environment
 from llds.train.forward import (
     batched_log_probs,
     pooled_response_hidden,
@@ -62,10 +63,12 @@ from llds.train.periodic_eval import PeriodicEvaluator, eval_rollout_config, is_
 from llds.train.policy_update import PolicyUpdate
 from llds.train.precision import Precision, compute_dtype_of
 from llds.train.resume import (
+    FLOAT_ENV_KEY,
     apply_optimizer_changes,
     checked_config_changes,
     parse_allowances,
     prepare_run_dir,
+    warn_if_float_env_changed,
 )
 from llds.train.rollout_metrics import rollout_metrics
 from llds.train.setup import PromptStream, frozen_copy, load_model
@@ -118,6 +121,8 @@ class GRPOTrainer:
         changed = checked_config_changes(
             cfg, ckpt, parse_allowances(allow_config_change), report=self.dist.is_main
         )
+        if self.dist.is_main:
+            warn_if_float_env_changed(ckpt)
 
         # float32 master weights whatever model.dtype says; that is the compute dtype
         if model is None or tokenizer is None:
@@ -712,6 +717,7 @@ class GRPOTrainer:
             "nonfinite_in_a_row": self.updater.nonfinite_in_a_row,
             "skipped_updates": self.updater.skipped_updates,
             "config": to_dict(self.cfg),
+            FLOAT_ENV_KEY: float_environment(),
         }
         if not self.sharded:
             if not self.dist.is_main:
