@@ -326,6 +326,24 @@ EVAL_SHARES = {"copied": copied_share, "punctuation_runs": punctuation_run_share
 """The per-evaluation shares every run summary carries, by name."""
 
 
+SEARCH_TAIL = 50  # steps at the end of a run over which valid searches are averaged
+SEARCH_WINDOW = 25  # width of the sliding window whose lowest mean shows the one-search state
+
+
+def search_summary(per_step: Sequence[float | None]) -> dict[str, float | None]:
+    """Valid searches per rollout: the mean over the last SEARCH_TAIL steps and the lowest mean
+    of any SEARCH_WINDOW consecutive steps (stage 3's measure of the one-search collapse, which
+    LLDS-MA is meant to prevent)."""
+    vals = [v for v in per_step if v is not None]
+    if not vals:
+        return {"last": None, "lowest_window": None}
+    windows = [
+        statistics.fmean(vals[i : i + SEARCH_WINDOW])
+        for i in range(max(1, len(vals) - SEARCH_WINDOW + 1))
+    ]
+    return {"last": statistics.fmean(vals[-SEARCH_TAIL:]), "lowest_window": min(windows)}
+
+
 def summarize_run(path: Path) -> dict[str, Any]:
     rows = read_metrics(path)
     if not rows:
@@ -366,6 +384,7 @@ def summarize_run(path: Path) -> dict[str, Any]:
             (r[keys.DISP_POS] for r in rows if r.get(keys.DISP_POS) is not None), default=None
         ),
         "dip": dip_summary(rows),
+        "searches": search_summary([r.get(keys.VALID_SEARCHES) for r in rows]),
         "probe_final": (
             json.loads((path / "probe_final" / "probe.json").read_text())
             if (path / "probe_final" / "probe.json").is_file()
@@ -429,6 +448,45 @@ def table(study: dict[str, dict[int, dict[str, Any]]], start: float | None) -> s
                 f"{_fmt(_series_median(r, keys.FRAC_POS_FELL))}",
                 f"{_fmt(r['lld_steps'])} / {_fmt(r['worst_disp_pos'], 2)}",
                 _probe_cells(r.get("probe_final")),
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _largest_share(shares: dict[Any, float | None]) -> str:
+    """`0.05 (step 250)`: the largest of a run's per-evaluation shares and where it was."""
+    known = {int(step): v for step, v in shares.items() if v is not None}
+    if not known:
+        return "-"
+    step = max(known, key=lambda s: (known[s], -s))
+    return f"{known[step]:.2f} (step {step})"
+
+
+def variant_table(study: dict[str, dict[int, dict[str, Any]]]) -> str:
+    """The stage-3 table (one row per run): held-out EM at each evaluation, collapse, first
+    critical alarm, steps with `disp_pos` < 0, lowest EM, valid searches (last steps / lowest
+    window) and the largest share of held-out responses with punctuation runs."""
+    head = ["arm", "seed", "EM @ evaluations", "collapse (pre-registered)"]
+    head += ["first critical alarm", "steps with disp_pos < 0 / worst", "lowest EM"]
+    head += [f"valid searches: last {SEARCH_TAIL} steps / lowest {SEARCH_WINDOW}-step mean"]
+    head += ["held-out punctuation runs, largest share"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for arm, runs in study.items():
+        for seed, r in sorted(runs.items()):
+            ems = [em for _, em in sorted((int(s), em) for s, em in r["eval_em"].items())]
+            searches = r.get("searches") or {}
+            cells = [
+                arm,
+                str(seed),
+                " / ".join(_fmt(em) for em in ems),
+                _fmt(r["collapse_step"]) if r["collapse_step"] else "none",
+                f"{r['first_critical_alarm']} ({r['first_critical_kind']})"
+                if r["first_critical_alarm"]
+                else "none",
+                f"{_fmt(r['lld_steps'])} / {_fmt(r['worst_disp_pos'], 2)}",
+                _fmt(min((em for em in ems if em is not None), default=None)),
+                f"{_fmt(searches.get('last'), 2)} / {_fmt(searches.get('lowest_window'), 2)}",
+                _largest_share(r.get("punctuation_runs") or {}),
             ]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -569,6 +627,9 @@ def main() -> None:
         print(f"warm start probe (LLD / 1st-order LLD / drag:pull): {cells}")
     print()
     print(table(study, start))
+    print()
+    print("Per run, as in stage 3's tables:")
+    print(variant_table(study))
     print()
     print("The deepest fall of each run's reward (descriptive, not pre-registered):")
     print(dip_table(study))

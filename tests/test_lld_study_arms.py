@@ -125,3 +125,37 @@ def test_seeds_option_keeps_the_sets_order_and_rejects_seeds_outside_it() -> Non
     assert lld_study.select_seeds("tune", [11]) == (11,)
     with pytest.raises(ValueError, match=r"--seeds \[3\]: the judge set has seeds \[0, 1, 2\]"):
         lld_study.select_seeds("judge", [3])
+
+
+def test_search_summary_is_the_last_steps_mean_and_the_lowest_sliding_window() -> None:
+    # 60 steps: 2.0 searches for 30 steps, 1.0 for 20, then 1.5 for 10
+    per_step = [2.0] * 30 + [1.0] * 20 + [1.5] * 10
+    got = lld_study.search_summary(per_step)
+    # last 50 steps: 20 x 2.0 + 20 x 1.0 + 10 x 1.5 = 75 -> 1.5
+    assert got["last"] == pytest.approx(75 / 50)
+    # lowest 25-step window: steps 30-54 = 20 x 1.0 + 5 x 1.5 = 27.5 -> 1.1
+    assert got["lowest_window"] == pytest.approx(27.5 / 25)
+    # a step without the metric is skipped; a run shorter than the window has one window
+    assert lld_study.search_summary([None, 1.0, 3.0]) == {"last": 2.0, "lowest_window": 2.0}
+    assert lld_study.search_summary([None]) == {"last": None, "lowest_window": None}
+
+
+def test_variant_table_row_reads_the_summary() -> None:
+    run = {
+        "eval_em": {"100": 0.5, "50": 0.75},  # as the summaries' JSON keys them
+        "collapse_step": None,
+        "first_critical_alarm": 401,
+        "first_critical_kind": "collapse",
+        "lld_steps": 108,
+        "worst_disp_pos": -16.284,
+        "searches": {"last": 1.474, "lowest_window": 1.351},
+        "punctuation_runs": {"50": 0.0, "100": 0.0125, "150": None},
+    }
+    row = lld_study.variant_table({"GRPO+LLDS-lam0.01": {0: run}}).splitlines()[2]
+    assert row == (
+        "| GRPO+LLDS-lam0.01 | 0 | 0.750 / 0.500 | none | 401 (collapse) | 108 / -16.28 "
+        "| 0.500 | 1.47 / 1.35 | 0.01 (step 100) |"
+    )
+    # ties go to the earliest evaluation; no share at all prints a dash
+    assert lld_study._largest_share({"250": 0.05, "100": 0.05}) == "0.05 (step 100)"
+    assert lld_study._largest_share({}) == "-"
