@@ -547,3 +547,44 @@ def test_response_length_panel_has_the_punctuation_run_share_below_it():
     fig = draw_comparison([RunSeries("old", "#d62728", old, detect_phases(old), [])])
     texts = [t.get_text() for t in _axis(fig, "punct. runs").texts]
     assert texts == ["not logged"]
+
+
+def _scores(em: float, n: int) -> dict[str, float]:
+    return {"n": n, "em": em, "f1": em, "sub_em": em, "valid_searches": 1.0, "answered": 1.0}
+
+
+def test_heldout_splits_by_question_source_when_there_are_two(tmp_path):
+    """An evaluation file holding held-out and transfer questions: the report draws each source
+    beside the pooled EM, names them in the caption and keeps them in report.json."""
+    run = tmp_path / "two_sets"
+    write_jsonl(run / "metrics.jsonl", synthetic_rows("healthy", seed=4, steps=40))
+    for step, (a, b) in {0: (0.62, 0.164), 20: (0.66, 0.218), 40: (0.63, 0.091)}.items():
+        # pooled EM over 100 + 55 questions, as the evaluation writes it
+        pooled = _scores((100 * a + 55 * b) / 155, 155)
+        sets = {"held-out": _scores(a, 100), "transfer": _scores(b, 55)}
+        write_json(run / "eval" / f"step_{step:06d}.json", {"overall": pooled, "by_source": sets})
+    loaded = report_mod.load_run(run, "two")
+    assert loaded.held_out is not None
+    assert loaded.held_out.points[1].by_set == (("held-out", 0.66, 100), ("transfer", 0.218, 55))
+    fig = draw_heldout([RunSeries("two", "#123", loaded.rows, [], [], loaded.held_out)])
+    lines = {ln.get_label(): ln for ln in fig.axes[0].get_lines()}
+    assert list(lines["two: transfer (55 q.)"].get_xdata()) == [0, 20, 40]
+    assert list(lines["two: transfer (55 q.)"].get_ydata()) == pytest.approx([0.164, 0.218, 0.091])
+    assert list(lines["two: held-out (100 q.)"].get_ydata()) == pytest.approx([0.62, 0.66, 0.63])
+    assert list(lines["two"].get_ydata())[1] == pytest.approx((66 + 55 * 0.218) / 155)
+    page = write_report([run], tmp_path / "out").read_text(encoding="utf-8")
+    assert (
+        "thin lines by question source: held-out (100 questions), transfer (55 questions)" in page
+    )
+    data = json.loads((tmp_path / "out" / "report.json").read_text())
+    first = data["runs"][0]["held_out"][1]
+    assert first["by_source"]["transfer"] == {"em": pytest.approx(0.218), "n": 55}
+
+
+def test_one_question_source_draws_no_extra_lines(runs):
+    _, llds = runs  # its evaluations have no by_source entries
+    loaded = report_mod.load_run(llds, "one")
+    assert loaded.held_out is not None
+    assert all(p.by_set == () for p in loaded.held_out.points)
+    fig = draw_heldout([RunSeries("one", "#123", loaded.rows, [], [], loaded.held_out)])
+    assert not [ln for ln in fig.axes[0].get_lines() if ln.get_label().startswith("one:")]

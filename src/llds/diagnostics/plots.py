@@ -527,6 +527,27 @@ def em_curve(held_out: HeldOut) -> tuple[list[int], list[float]]:
     return xs, ys
 
 
+def set_curves(held_out: HeldOut) -> dict[str, tuple[list[int], list[float]]]:
+    """(steps, EM) per question source, for runs evaluated on more than one (the starting EM
+    at step 0 where the baseline has the source too); empty for a single source."""
+    points = sorted(held_out.points, key=lambda p: p.step)
+    base = held_out.baseline
+    if base is not None and (not points or points[0].step != 0):
+        points = [replace(base, step=0), *points]
+    curves: dict[str, tuple[list[int], list[float]]] = {}
+    for point in points:
+        for name, em, _ in point.by_set:
+            xs, ys = curves.setdefault(name, ([], []))
+            xs.append(point.step)
+            ys.append(em)
+    return curves
+
+
+SET_STYLES = (":", "-.", (0, (1, 3)))
+"""Line styles of the per-source held-out curves, in source order (the overall line is solid,
+starting EMs are dashed)."""
+
+
 def shared_baseline(runs: Sequence[RunSeries]) -> bool:
     """Whether every run starts from the same evaluation file (the demo's two arms share their
     warm start): then one baseline stands for all."""
@@ -570,6 +591,12 @@ def draw_heldout(runs: Sequence[RunSeries]) -> Figure:
             ax.plot([], [], linestyle="none", label=f"{run.label}: not evaluated")
             continue
         ax.plot(xs, ys, color=run.color, linewidth=2, marker="o", zorder=3, label=run.label)
+        assert run.held_out is not None
+        sizes = {name: n for p in run.held_out.points for name, _, n in p.by_set}
+        for i, (name, (sx, sy)) in enumerate(set_curves(run.held_out).items()):
+            style = SET_STYLES[i % len(SET_STYLES)]
+            label = f"{run.label}: {name} ({sizes.get(name, '?')} q.)"
+            ax.plot(sx, sy, color=run.color, linewidth=1, linestyle=style, marker=".", label=label)
         ax.annotate(
             f"{ys[-1]:.3f}",
             (xs[-1], ys[-1]),
@@ -587,7 +614,12 @@ def draw_heldout(runs: Sequence[RunSeries]) -> Figure:
     ax.set_title("Held-out exact match", fontsize=11)
     ax.grid(True, alpha=0.3)
     _integer_steps(ax)
-    ax.legend(loc="lower right", fontsize=9)
+    if any(run.held_out is not None and set_curves(run.held_out) for run in runs):
+        # per-source curves double the entries: the legend goes beside the axis, not over it
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+        fig.set_size_inches(13, 3.6)
+    else:
+        ax.legend(loc="lower right", fontsize=9)
     fig.tight_layout()
     return fig
 

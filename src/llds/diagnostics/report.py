@@ -147,7 +147,17 @@ def summarize(run: RunData) -> dict[str, Any]:
         "start_em": start.em if start is not None else None,
         "start_em_from": str(start.source) if start is not None else None,
         "held_out": [
-            {"step": p.step, "em": p.em, "n": p.n} for p in (ho.points if ho is not None else ())
+            {
+                "step": p.step,
+                "em": p.em,
+                "n": p.n,
+                **(
+                    {"by_source": {k: {"em": em, "n": n} for k, em, n in p.by_set}}
+                    if p.by_set
+                    else {}
+                ),
+            }
+            for p in (ho.points if ho is not None else ())
         ],
         "first_alarm_step": serious[0].step if serious else None,
         "first_alarm_kind": serious[0].kind if serious else None,

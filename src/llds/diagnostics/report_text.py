@@ -248,6 +248,10 @@ def heldout_caption(runs: Sequence[RunSeries]) -> str:
             if steps
             else f"{name}: only its starting EM"
         )
+        sets = {name: n for p in held.points for name, _, n in p.by_set}
+        if sets:
+            named = ", ".join(f"{html.escape(name)} ({n} questions)" for name, n in sets.items())
+            text += f"; thin lines by question source: {named}"
         parts.append(text if shared else f"{text}; {_start_text(held)}")
     intro = "Greedy exact match on held-out questions (<code>RUN/eval/step_N.json</code>)."
     if shared:

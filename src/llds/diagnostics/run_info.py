@@ -68,6 +68,9 @@ class EvalPoint:
     em: float
     n: int
     source: Path
+    by_set: tuple[tuple[str, float, int], ...] = ()
+    """(question source, EM, questions) per source tag of the evaluated questions, when they
+    come from more than one (e.g. held-out and transfer): the overall EM pools them."""
 
 
 @dataclass(frozen=True)
@@ -199,10 +202,16 @@ def warm_start_eval_file(model_dir: Path) -> Path | None:
 
 def _point(step: int, path: Path) -> EvalPoint | None:
     """The overall EM in an evaluation file; None when it scored no question."""
-    overall = EvalResult.read(path).overall
+    result = EvalResult.read(path)
+    overall = result.overall
     if overall.n == 0 or math.isnan(overall.em):
         return None
-    return EvalPoint(step, overall.em, overall.n, path)
+    sets = tuple(
+        (name, scores.em, scores.n)
+        for name, scores in result.by_source.items()
+        if scores.n and not math.isnan(scores.em)
+    )
+    return EvalPoint(step, overall.em, overall.n, path, sets if len(sets) > 1 else ())
 
 
 def held_out(run_dir: str | Path, config: Mapping[str, Any] | None, last_step: int) -> HeldOut:
