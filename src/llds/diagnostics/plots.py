@@ -585,6 +585,7 @@ def draw_heldout(runs: Sequence[RunSeries]) -> Figure:
         ax.text(0.5, 0.5, NO_EVAL_TEXT, ha="center", va="center", fontsize=12, color="#555555")
         return fig
     _baselines(ax, runs)
+    with_sets = False
     for run in runs:
         xs, ys = em_curve(run.held_out) if run.held_out is not None else ([], [])
         if not xs:
@@ -593,7 +594,9 @@ def draw_heldout(runs: Sequence[RunSeries]) -> Figure:
         ax.plot(xs, ys, color=run.color, linewidth=2, marker="o", zorder=3, label=run.label)
         assert run.held_out is not None
         sizes = {name: n for p in run.held_out.points for name, _, n in p.by_set}
-        for i, (name, (sx, sy)) in enumerate(set_curves(run.held_out).items()):
+        by_set = set_curves(run.held_out)
+        with_sets = with_sets or bool(by_set)
+        for i, (name, (sx, sy)) in enumerate(by_set.items()):
             style = SET_STYLES[i % len(SET_STYLES)]
             label = f"{run.label}: {name} ({sizes.get(name, '?')} q.)"
             ax.plot(sx, sy, color=run.color, linewidth=1, linestyle=style, marker=".", label=label)
@@ -614,7 +617,7 @@ def draw_heldout(runs: Sequence[RunSeries]) -> Figure:
     ax.set_title("Held-out exact match", fontsize=11)
     ax.grid(True, alpha=0.3)
     _integer_steps(ax)
-    if any(run.held_out is not None and set_curves(run.held_out) for run in runs):
+    if with_sets:
         # per-source curves double the entries: the legend goes beside the axis, not over it
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
         fig.set_size_inches(13, 3.6)
