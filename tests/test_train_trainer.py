@@ -431,6 +431,64 @@ def test_background_runs_are_library_calls(tmp_path, small_world, world_tokenize
         assert logged[-1]["policy/pg_loss"] == pytest.approx(rows[-1]["policy/pg_loss"], abs=1e-6)
 
 
+_STARTER = """
+import sys, time
+from llds.train.background import start_run
+from llds.train.config import load_config
+
+if __name__ == "__main__":
+    cfg = load_config(sys.argv[1], [f"run_dir={sys.argv[2]}", "steps=100000", "save_every=5"])
+    print(start_run(cfg, sys.argv[3]).pid, flush=True)
+    time.sleep(600)
+"""
+
+
+def _gone(pid: int) -> bool:
+    """Whether process `pid` has ended (a zombie no one reaped yet counts as ended)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.slow
+def test_a_background_run_stops_when_its_starter_is_killed(tmp_path, small_world, world_tokenizer):
+    """SIGKILL the process that started a run: the run must not go on as an orphan writing
+    into its run directory; it stops within seconds, its checkpoints intact."""
+    cfg_path = write_run_inputs(tmp_path, small_world, world_tokenizer)
+    starter = tmp_path / "starter.py"
+    starter.write_text(_STARTER, encoding="utf-8")
+    run, log = tmp_path / "run", tmp_path / "run.log"
+    parent = subprocess.Popen(
+        [sys.executable, str(starter), str(cfg_path), str(run), str(log)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    deadline = time.time() + 300
+    while len(read_metrics(run)) < 6 and time.time() < deadline:  # it trains
+        time.sleep(0.2)
+    assert len(read_metrics(run)) >= 6 and not _gone(child)
+    parent.kill()
+    parent.wait()
+    deadline = time.time() + 60
+    while not _gone(child) and time.time() < deadline:
+        time.sleep(0.2)
+    assert _gone(child)
+    steps = len(read_metrics(run))
+    time.sleep(2)
+    assert len(read_metrics(run)) == steps  # nothing more is written
+    text = log.read_text(encoding="utf-8")
+    assert f"(pid {parent.pid}) is gone: stopping" in text
+    # the run resumes from what it left: a checkpoint that verifies
+    from llds.train.checkpoint import find_resumable
+
+    ckpt, damaged = find_resumable(run / "checkpoints")
+    assert ckpt is not None and not damaged
+
+
 def test_probe_and_hidden_similarity_leave_training_unchanged(
     tmp_path, small_world, world_tokenizer, world_retriever
 ):

@@ -3,6 +3,11 @@
 Each run is `llds.train.run(cfg)` in a spawned process with one torch thread, its output in a
 log file; the caller polls `Process.is_alive()` and reads progress from the run's metrics.
 Used by the demo (GRPO and GRPO+LLDS at once) and the studies in `benchmarks/`.
+
+A run never outlives the process that started it: killed, that process leaves no orphan that
+keeps writing into the run directory (where a restarted run would then resume from the
+orphan's checkpoints). The child checks every `ORPHAN_POLL_S` seconds and stops as a crash
+does; its checkpoints are atomic, so starting the run again resumes from the last one.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import contextlib
 import logging
 import multiprocessing
 import os
+import threading
 import time
 from collections.abc import Sequence
 from multiprocessing.process import BaseProcess
@@ -18,10 +24,30 @@ from pathlib import Path
 
 from llds.train.config import TrainConfig
 
+ORPHAN_POLL_S = 1.0
+ORPHAN_EXIT_CODE = 3
 
-def _run_logged(cfg: TrainConfig, log_path: str) -> None:
+
+def _stop_when_orphaned(parent_pid: int, poll_s: float) -> None:
+    """Body of the child's watchdog thread: end the process once its parent is gone (the OS
+    then makes another process its parent)."""
+    while os.getppid() == parent_pid:
+        time.sleep(poll_s)
+    logging.getLogger("llds.train").error(
+        "the process that started this run (pid %d) is gone: stopping; the last checkpoint is "
+        "kept, and starting the run again resumes from it",
+        parent_pid,
+    )
+    logging.shutdown()
+    os._exit(ORPHAN_EXIT_CODE)
+
+
+def _run_logged(cfg: TrainConfig, log_path: str, parent_pid: int) -> None:
     from llds.train import run
 
+    threading.Thread(
+        target=_stop_when_orphaned, args=(parent_pid, ORPHAN_POLL_S), daemon=True
+    ).start()
     with (
         open(log_path, "w", encoding="utf-8") as log,
         contextlib.redirect_stdout(log),
@@ -40,7 +66,7 @@ def start_run(cfg: TrainConfig, log_path: str | Path) -> BaseProcess:
         cfg.threads = 1
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)
     proc = multiprocessing.get_context("spawn").Process(
-        target=_run_logged, args=(cfg, str(log_path)), name=Path(cfg.run_dir).name
+        target=_run_logged, args=(cfg, str(log_path), os.getpid()), name=Path(cfg.run_dir).name
     )
     proc.start()
     return proc
@@ -50,20 +76,26 @@ def run_queue(
     jobs: Sequence[tuple[TrainConfig, str | Path]], parallel: int, *, poll_s: float = 2.0
 ) -> None:
     """Run every `(config, log file)` through `start_run`, at most `parallel` at a time, until
-    all have finished; a run that fails stops the queue with an error naming its log."""
+    all have finished; a run that fails stops the queue with an error naming its log. Runs
+    still going when the queue stops (a failure, Ctrl-C) are terminated, not left behind."""
     from llds.errors import UserInputError
 
     pending = list(jobs)
     running: list[tuple[BaseProcess, Path]] = []
-    while pending or running:
-        while pending and len(running) < max(1, parallel):
-            cfg, log = pending.pop(0)
-            print(f"start {cfg.run_dir} (log: {log})", flush=True)
-            running.append((start_run(cfg, log), Path(log)))
-        time.sleep(poll_s)
-        for proc, log in list(running):
-            if not proc.is_alive():
-                proc.join()
-                running.remove((proc, log))
-                if proc.exitcode:
-                    raise UserInputError(f"a run failed (exit code {proc.exitcode}); see {log}")
+    try:
+        while pending or running:
+            while pending and len(running) < max(1, parallel):
+                cfg, log = pending.pop(0)
+                print(f"start {cfg.run_dir} (log: {log})", flush=True)
+                running.append((start_run(cfg, log), Path(log)))
+            time.sleep(poll_s)
+            for proc, log in list(running):
+                if not proc.is_alive():
+                    proc.join()
+                    running.remove((proc, log))
+                    if proc.exitcode:
+                        raise UserInputError(f"a run failed (exit code {proc.exitcode}); see {log}")
+    finally:
+        for proc, _ in running:
+            proc.terminate()
+            proc.join()
