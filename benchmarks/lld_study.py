@@ -454,12 +454,13 @@ def table(study: dict[str, dict[int, dict[str, Any]]], start: float | None) -> s
 
 
 def _largest_share(shares: dict[Any, float | None]) -> str:
-    """`0.05 (step 250)`: the largest of a run's per-evaluation shares and where it was."""
+    """`0.05 (step 250)`: the largest of a run's per-evaluation shares and where it was
+    (`0.00` when every evaluation had none)."""
     known = {int(step): v for step, v in shares.items() if v is not None}
     if not known:
         return "-"
     step = max(known, key=lambda s: (known[s], -s))
-    return f"{known[step]:.2f} (step {step})"
+    return f"{known[step]:.2f} (step {step})" if known[step] > 0 else "0.00"
 
 
 def variant_table(study: dict[str, dict[int, dict[str, Any]]]) -> str:

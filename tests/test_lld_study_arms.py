@@ -159,3 +159,4 @@ def test_variant_table_row_reads_the_summary() -> None:
     # ties go to the earliest evaluation; no share at all prints a dash
     assert lld_study._largest_share({"250": 0.05, "100": 0.05}) == "0.05 (step 100)"
     assert lld_study._largest_share({}) == "-"
+    assert lld_study._largest_share({"50": 0.0, "100": 0.0}) == "0.00"
