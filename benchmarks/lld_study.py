@@ -422,6 +422,18 @@ def _fmt(v: Any, digits: int = 3) -> str:
     return "-" if v is None else f"{v:.{digits}f}" if isinstance(v, float) else str(v)
 
 
+def _alarm_cell(r: dict[str, Any]) -> str:
+    """`401 (collapse)`: the run's first critical alarm and its kind, or `none`."""
+    if not r["first_critical_alarm"]:
+        return "none"
+    return f"{r['first_critical_alarm']} ({r['first_critical_kind']})"
+
+
+def _displacement_cell(r: dict[str, Any]) -> str:
+    """`108 / -16.28`: steps with `disp_pos` < 0 and the worst `disp_pos` of the run."""
+    return f"{_fmt(r['lld_steps'])} / {_fmt(r['worst_disp_pos'], 2)}"
+
+
 def table(study: dict[str, dict[int, dict[str, Any]]], start: float | None) -> str:
     checkpoints = sorted(
         {s for runs in study.values() for r in runs.values() for s in r["eval_em"]}
@@ -438,15 +450,13 @@ def table(study: dict[str, dict[int, dict[str, Any]]], start: float | None) -> s
             cells += [_fmt(r["eval_em"].get(c)) for c in checkpoints]
             cells += [
                 _fmt(r["collapse_step"]) if r["collapse_step"] else "none",
-                f"{r['first_critical_alarm']} ({r['first_critical_kind']})"
-                if r["first_critical_alarm"]
-                else "none",
+                _alarm_cell(r),
                 _fmt(r["lead"]),
                 _fmt(b.get("disp_pos_median")),
                 f"{_fmt(r['first10']['approx_kl'], 4)} / {_fmt(r['first10']['clip_frac'])}",
                 f"{_fmt(_series_median(r, keys.DISP_POS))} / "
                 f"{_fmt(_series_median(r, keys.FRAC_POS_FELL))}",
-                f"{_fmt(r['lld_steps'])} / {_fmt(r['worst_disp_pos'], 2)}",
+                _displacement_cell(r),
                 _probe_cells(r.get("probe_final")),
             ]
             lines.append("| " + " | ".join(cells) + " |")
@@ -481,10 +491,8 @@ def variant_table(study: dict[str, dict[int, dict[str, Any]]]) -> str:
                 str(seed),
                 " / ".join(_fmt(em) for em in ems),
                 _fmt(r["collapse_step"]) if r["collapse_step"] else "none",
-                f"{r['first_critical_alarm']} ({r['first_critical_kind']})"
-                if r["first_critical_alarm"]
-                else "none",
-                f"{_fmt(r['lld_steps'])} / {_fmt(r['worst_disp_pos'], 2)}",
+                _alarm_cell(r),
+                _displacement_cell(r),
                 _fmt(min((em for em in ems if em is not None), default=None)),
                 f"{_fmt(searches.get('last'), 2)} / {_fmt(searches.get('lowest_window'), 2)}",
                 _largest_share(r.get("punctuation_runs") or {}),

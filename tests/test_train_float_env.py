@@ -14,7 +14,8 @@ def test_environment_is_what_torch_reports():
     assert env["torch"] == torch.__version__
     assert env["cpu_kernels"] == torch.backends.cpu.get_cpu_capability()
     assert env["threads"] == torch.get_num_threads()
-    assert env["accelerator"] == ("none" if not torch.cuda.is_available() else env["accelerator"])
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "none"
+    assert env["accelerator"] == gpu
 
 
 def test_changes_name_each_differing_key_and_skip_keys_one_side_lacks():

@@ -19,7 +19,7 @@ from llds import metrics as keys
 from llds.diagnostics.alarms import Alarm
 from llds.diagnostics.phases import PhaseConfig, PhaseLabel, phase_spans
 from llds.diagnostics.robust import as_float
-from llds.diagnostics.run_info import HeldOut
+from llds.diagnostics.run_info import EvalPoint, HeldOut
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -517,25 +517,27 @@ def _last_step(run: RunSeries) -> int:
     return run.phases[-1].step if run.phases else 0
 
 
+def _from_step_zero(held_out: HeldOut) -> list[EvalPoint]:
+    """The evaluations by step, led by the starting evaluation at step 0 when the run has no
+    step-0 evaluation of its own."""
+    points = sorted(held_out.points, key=lambda p: p.step)
+    base = held_out.baseline
+    if base is not None and (not points or points[0].step != 0):
+        points = [replace(base, step=0), *points]
+    return points
+
+
 def em_curve(held_out: HeldOut) -> tuple[list[int], list[float]]:
     """(steps, EM) of the held-out curve: the starting EM at step 0, then every evaluation."""
-    points = sorted(held_out.points, key=lambda p: p.step)
-    xs, ys = [p.step for p in points], [p.em for p in points]
-    base = held_out.baseline
-    if base is not None and (not xs or xs[0] != 0):
-        xs, ys = [0, *xs], [base.em, *ys]
-    return xs, ys
+    points = _from_step_zero(held_out)
+    return [p.step for p in points], [p.em for p in points]
 
 
 def set_curves(held_out: HeldOut) -> dict[str, tuple[list[int], list[float]]]:
     """(steps, EM) per question source, for runs evaluated on more than one (the starting EM
     at step 0 where the baseline has the source too); empty for a single source."""
-    points = sorted(held_out.points, key=lambda p: p.step)
-    base = held_out.baseline
-    if base is not None and (not points or points[0].step != 0):
-        points = [replace(base, step=0), *points]
     curves: dict[str, tuple[list[int], list[float]]] = {}
-    for point in points:
+    for point in _from_step_zero(held_out):
         for name, em, _ in point.by_set:
             xs, ys = curves.setdefault(name, ([], []))
             xs.append(point.step)
