@@ -10,14 +10,18 @@ log-prob pass). Arms:
 
 - `full head`: the LM head over every response column (`actions_only=False`, the former path);
 - `written only`: the LM head over the model-written tokens only (the default now);
+- `written only, bf16`: `written only` with `model.dtype: bfloat16`, i.e. float32 master weights
+  and optimizer state, the matrix multiplications in bfloat16 through autocast (CPUs with
+  AVX512-BF16 or AMX run them natively; on others they are slower than float32);
 - `LoRA`: `written only` with peft adapters (r 16 on the attention and MLP projections), the
   base frozen: fewer optimizer states and no base-weight gradients.
 
-Time: the `full head` and `written only` arms alternate in one process (`--repeats` rounds,
-median). Memory: each arm once more in its own process, after a warm-up update: the resident
-memory before an update (weights, gradients of the last one, optimizer state) and the peak
-during it (Linux: the peak is reset after loading).
-Rollout generation does not depend on the arm; `--decode` times it on the same prompts.
+Time: the `full head`, `written only` and `written only, bf16` arms alternate in one process
+(`--repeats` rounds, median). Memory: each arm once more in its own process, after a warm-up
+update: the resident memory before an update (weights, gradients of the last one, optimizer
+state) and the peak during it (Linux: the peak is reset after loading).
+Rollout generation does not depend on the head; it is timed on the same prompts in float32 and
+in bfloat16 compute (the same number of tokens, greedy, KV cache).
 
     python benchmarks/smollm2_step.py [--questions 2] [--group 4] [--repeats 3] [--threads 2]
 
@@ -40,7 +44,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine
 
-ARMS = ("full head", "written only", "LoRA")
+ARMS = ("full head", "written only", "written only, bf16", "LoRA")
+TIMED = ARMS[:3]  # alternate in one process; LoRA is timed once in its own
+
+
+def precision(arm: str):
+    """The arm's compute precision (the trainer's `model.dtype`)."""
+    from llds.train.precision import Precision
+
+    return Precision(torch.bfloat16 if arm.endswith("bf16") else None)
 
 
 def build_batch(questions: int, group: int):
@@ -79,9 +91,11 @@ def build_batch(questions: int, group: int):
     return model, tok, RolloutBatch.from_episodes(episodes, tok.pad_token_id)
 
 
-def update(model, optimizer, batch, mini_batches: int, actions_only: bool) -> float:
+def update(model, optimizer, batch, mini_batches: int, actions_only: bool, arm: str = "") -> float:
     """The preset's update on `batch`: per mini-batch a policy-gradient loss over the written
-    tokens (advantage +1 / -1 alternating in each group), backward, one AdamW step. Seconds."""
+    tokens (advantage +1 / -1 alternating in each group), backward, one AdamW step, in the arm's
+    compute precision (forward under autocast, backward outside it, as the trainer does).
+    Seconds."""
     from llds.train.forward import response_log_probs
 
     model.train()
@@ -92,20 +106,22 @@ def update(model, optimizer, batch, mini_batches: int, actions_only: bool) -> fl
         part = rows[m::mini_batches]
         sub = batch.select(part)
         optimizer.zero_grad(set_to_none=True)
-        lp, _ = response_log_probs(model, sub, actions_only=actions_only)
-        mask = sub.loss_mask.float()
-        loss = -(adv[part, None] * lp * mask).sum() / mask.sum()
+        with precision(arm).autocast():
+            lp, _ = response_log_probs(model, sub, actions_only=actions_only)
+            mask = sub.loss_mask.float()
+            loss = -(adv[part, None] * lp.float() * mask).sum() / mask.sum()
         loss.backward()
         optimizer.step()
     return time.perf_counter() - t0
 
 
-def log_prob_pass(model, batch, actions_only: bool) -> float:
+def log_prob_pass(model, batch, actions_only: bool, arm: str = "") -> float:
     from llds.train.forward import batched_log_probs
 
     model.eval()
     t0 = time.perf_counter()
-    batched_log_probs(model, batch, 8192, actions_only=actions_only)
+    with precision(arm).autocast():
+        batched_log_probs(model, batch, 8192, actions_only=actions_only)
     return time.perf_counter() - t0
 
 
@@ -134,28 +150,29 @@ def one_arm(args: argparse.Namespace) -> dict[str, Any]:
     model, _, batch = build_batch(args.questions, args.group)
     model, opt, trainable = prepare(args.arm, model)
     actions_only = args.arm != "full head"
-    update(model, opt, batch, args.mini_batches, actions_only)
+    update(model, opt, batch, args.mini_batches, actions_only, args.arm)
     before = _status_gb("VmRSS")
     Path("/proc/self/clear_refs").write_text("5")
-    update_s = update(model, opt, batch, args.mini_batches, actions_only)
+    update_s = update(model, opt, batch, args.mini_batches, actions_only, args.arm)
     return {
         "update_s": update_s,
-        "log_prob_pass_s": log_prob_pass(model, batch, actions_only),
+        "log_prob_pass_s": log_prob_pass(model, batch, actions_only, args.arm),
         "trainable": trainable,
         "rss_before_gb": before,
         "peak_rss_gb": _status_gb("VmHWM"),
     }
 
 
-def decode_rate(model, batch, tokens: int = 64) -> float:
+def decode_rate(model, batch, tokens: int = 64, arm: str = "") -> float:
     """Tokens per second of greedy decoding with a KV cache, all rows at once (the engine's
-    decode loop without sampling), from the batch's prompts."""
+    decode loop without sampling), from the batch's prompts, in the arm's compute precision
+    (one autocast region around the whole loop, as the engine's rollout has)."""
     from llds.models.kv_cache import cache_argument, returned_cache
 
     model.eval()
     p = batch.prompt_len
     ids, mask = batch.input_ids[:, :p], batch.attention_mask[:, :p]
-    with torch.no_grad():
+    with torch.no_grad(), precision(arm).autocast():
         out = model(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=1)
         cache, nxt = returned_cache(out), out.logits[:, -1:].argmax(-1)
         name = cache_argument(model)
@@ -201,15 +218,17 @@ def main() -> None:
     columns = int(batch.attention_mask[:, batch.prompt_len :].sum())
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
     times: dict[str, dict[str, list[float]]] = {
-        a: {"update": [], "log_prob_pass": []} for a in ARMS[:2]
+        a: {"update": [], "log_prob_pass": []} for a in TIMED
     }
     update(model, opt, batch, args.mini_batches, True)  # warm-up: allocator, optimizer state
     for _ in range(args.repeats):
-        for arm in ARMS[:2]:
-            only = arm == "written only"
-            times[arm]["update"].append(update(model, opt, batch, args.mini_batches, only))
-            times[arm]["log_prob_pass"].append(log_prob_pass(model, batch, only))
-    rate = decode_rate(model, batch)
+        for arm in TIMED:
+            only = arm != "full head"
+            times[arm]["update"].append(update(model, opt, batch, args.mini_batches, only, arm))
+            times[arm]["log_prob_pass"].append(log_prob_pass(model, batch, only, arm))
+    rates = {
+        arm: decode_rate(model, batch, arm=arm) for arm in ("written only", "written only, bf16")
+    }
 
     memory: dict[str, dict[str, Any]] = {}
     if not args.no_memory:
@@ -241,19 +260,29 @@ def main() -> None:
         rss = f"{own['rss_before_gb']:.2f} / {own['peak_rss_gb']:.2f} GB" if own else "-"
         trainable = f"{own['trainable'] / 1e6:.2f}M" if own else "-"
         print(f"| {arm} | {upd} | {lpp} | {trainable} | {rss} |")
-    full, only = med["full head"], med["written only"]
+    full, only, bf16 = med["full head"], med["written only"], med["written only, bf16"]
     print()
-    print(
-        f"written only vs full head: update {full['update'] / only['update']:.2f}x, "
-        f"log-prob pass {full['log_prob_pass'] / only['log_prob_pass']:.2f}x; every round: "
-        + ", ".join(
-            f"{f:.1f}/{o:.1f}"
-            for f, o in zip(
-                times["full head"]["update"], times["written only"]["update"], strict=True
-            )
+    for name, slow, fast, a, b in (
+        ("written only vs full head", full, only, "full head", "written only"),
+        (
+            "bf16 vs float32 compute (written only)",
+            only,
+            bf16,
+            "written only",
+            "written only, bf16",
+        ),
+    ):
+        rounds = zip(times[a]["update"], times[b]["update"], strict=True)
+        print(
+            f"{name}: update {slow['update'] / fast['update']:.2f}x, log-prob pass "
+            f"{slow['log_prob_pass'] / fast['log_prob_pass']:.2f}x; every round's update: "
+            + ", ".join(f"{x:.1f}/{y:.1f}" for x, y in rounds)
         )
+    f32, b16 = rates["written only"], rates["written only, bf16"]
+    print(
+        f"decode (greedy, KV cache, {len(batch)} rows): {f32:.0f} tokens/s float32, "
+        f"{b16:.0f} tokens/s bf16 compute ({b16 / f32:.2f}x)"
     )
-    print(f"decode (greedy, KV cache, {len(batch)} rows): {rate:.0f} tokens/s")
 
 
 if __name__ == "__main__":
