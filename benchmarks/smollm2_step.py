@@ -1,5 +1,5 @@
-"""SmolLM2-135M GRPO step on CPU: where the time goes, the LM head on written tokens only, and
-LoRA next to full fine-tuning, at equal work.
+"""SmolLM2-135M GRPO step on CPU: where the time goes, the LM head on written tokens only, bf16
+compute, and LoRA next to full fine-tuning, at equal work.
 
 The batch is what a warm-started agent produces on the `smollm2-wiki` preset: `--questions`
 trivia questions x `--group` rollouts, each an expert one-search trajectory (think + search,
