@@ -18,7 +18,8 @@ Stages (each is skipped when its output already exists, so the command resumes a
    metrics and the probe.
 
     python benchmarks/smollm2_rl.py --out runs/smollm2-rl [--stages data,index,sft,probe,runs]
-                                    [--seeds 0,1,2] [--parallel 2] [--probe-questions 64]
+                                    [--seeds 0,1,2] [--arms GRPO,GRPO+LLDS] [--parallel 2]
+                                    [--probe-questions 64]
 
 Needs the optional packages of the README (SmolLM2, Red-Trivia, Wikipedia summaries).
 """
@@ -186,9 +187,16 @@ def arm_config(out: Path, arm: str, seed: int, steps: int | None) -> TrainConfig
     )
 
 
-def run_all(out: Path, seeds: Sequence[int], parallel: int, steps: int | None) -> None:
-    """Every unfinished (arm, seed) in its own process, `parallel` at a time."""
-    run_unfinished([arm_config(out, arm, s, steps) for s in seeds for arm in ARMS], parallel, 10.0)
+def run_all(
+    out: Path,
+    seeds: Sequence[int],
+    parallel: int,
+    steps: int | None,
+    arms: Sequence[str] = tuple(ARMS),
+) -> None:
+    """Every unfinished (arm, seed) of `arms` in its own process, `parallel` at a time."""
+    jobs = [arm_config(out, arm, s, steps) for s in seeds for arm in arms]
+    run_unfinished(jobs, parallel, 10.0)
 
 
 # ------------------------------------------------------------------------------------ report
@@ -327,6 +335,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("runs/smollm2-rl"))
     ap.add_argument("--stages", default=",".join(STAGES), help=f"any of {','.join(STAGES)}")
     ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--arms", default=",".join(ARMS), help=f"any of {','.join(ARMS)}")
     ap.add_argument("--parallel", type=int, default=2)
     ap.add_argument("--steps", type=int, default=None, help="override the preset's 60 steps")
     ap.add_argument("--sft-steps", type=int, default=None, help="override the warm start's 60")
@@ -338,6 +347,9 @@ def main() -> None:
     if unknown:
         ap.error(f"--stages: unknown {sorted(unknown)}; choose from {', '.join(STAGES)}")
     seeds = [int(s) for s in args.seeds.split(",")]
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    if not arms or set(arms) - set(ARMS):
+        ap.error(f"--arms: unknown {sorted(set(arms) - set(ARMS))}; choose from {', '.join(ARMS)}")
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     print(f"machine: {machine()}")
@@ -352,7 +364,7 @@ def main() -> None:
             updates, llds = PROBES[name]
             probe(out, name, args.probe_questions, updates, llds)
     if "runs" in stages:
-        run_all(out, seeds, args.parallel, args.steps)
+        run_all(out, seeds, args.parallel, args.steps, arms)
     print(f"command: `python benchmarks/smollm2_rl.py {' '.join(sys.argv[1:])}`".strip())
     print(table(out, seeds))
     print()

@@ -31,3 +31,21 @@ def test_table_skips_a_run_with_an_empty_log(tmp_path: Path) -> None:
     assert cells[7] == "0.375 / 0.375"  # reward, mean of the first / last (up to) 10 steps
     assert cells[8] == "0.12 / 0.38"  # medians of disp_pos (0.5, -0.25), frac_pos_fell
     assert cells[9] == "1 of 2" and cells[10] == "2"  # steps with disp_pos < 0; minutes
+
+
+def test_run_all_starts_only_the_chosen_arms(tmp_path: Path, monkeypatch) -> None:
+    started: list[tuple[str, int]] = []
+
+    def fake_config(out: Path, arm: str, seed: int, steps: int | None) -> tuple[str, int]:
+        return arm, seed
+
+    def record(jobs, parallel, poll_s):
+        started.extend(jobs)
+
+    monkeypatch.setattr(smollm2_rl, "arm_config", fake_config)
+    monkeypatch.setattr(smollm2_rl, "run_unfinished", record)
+    smollm2_rl.run_all(tmp_path, [0, 1], 1, None, ["GRPO+LLDS"])
+    assert started == [("GRPO+LLDS", 0), ("GRPO+LLDS", 1)]
+    started.clear()
+    smollm2_rl.run_all(tmp_path, [2], 1, None)
+    assert started == [("GRPO", 2), ("GRPO+LLDS", 2)]
