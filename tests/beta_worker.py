@@ -8,7 +8,7 @@ import json
 import sys
 from types import SimpleNamespace
 
-from llds.train.distributed import Dist
+from llds.train.distributed import Dist, close_process_group
 from llds.train.policy_update import global_answer_weight
 
 dist = Dist()
@@ -17,7 +17,4 @@ episodes = [SimpleNamespace(num_valid_searches=searches) for _ in range(3)]
 beta = global_answer_weight(episodes, dist, baseline=2.0)
 with open(f"{sys.argv[1]}/beta{dist.rank}.json", "w") as f:
     json.dump({"rank": dist.rank, "world": dist.world, "beta": beta}, f)
-dist.barrier()
-import torch.distributed as td  # noqa: E402
-
-td.destroy_process_group()  # a clean exit: gloo threads alive at interpreter exit can abort it
+close_process_group()

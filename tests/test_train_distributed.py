@@ -183,6 +183,18 @@ def test_from_main_computes_once_and_gives_every_rank_the_answer(tmp_path):
 
 
 @pytest.mark.slow
+def test_leaving_the_process_group_stops_its_threads(tmp_path):
+    # gloo threads left running into interpreter exit can abort a process that already
+    # finished (SIGABRT instead of its exit status): closing must stop them, even after a late
+    # import of torch.distributed.nn.functional, which binds the group into its defaults
+    _run_worker("from_main_worker.py", str(tmp_path))
+    for r in (0, 1):
+        before, during, after = json.loads((tmp_path / f"from_main{r}.json").read_text())["threads"]
+        assert during > before  # the group's threads, so the check below can fail
+        assert after == before
+
+
+@pytest.mark.slow
 def test_a_retriever_lost_on_one_rank_stops_every_rank(tmp_path, small_world, world_tokenizer):
     cfg = write_run_inputs(tmp_path, small_world, world_tokenizer, steps=2, prompts_per_step=4)
     run_dir = tmp_path / "run"

@@ -29,6 +29,8 @@ def run(
     sections, or "all"); see `llds.train.resume.ALWAYS_ALLOWED` for the keys that need none."""
     import torch
 
+    from llds.errors import ServiceUnavailableError
+    from llds.train.distributed import close_process_group
     from llds.train.tracking import check_trackers
     from llds.train.trainer import GRPOTrainer
 
@@ -36,10 +38,10 @@ def run(
     check_trackers(tensorboard=cfg.logging.tensorboard, wandb=cfg.logging.wandb)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    GRPOTrainer(cfg, resume=resume, allow_config_change=allow_config_change).train()
-    import torch.distributed as td
-
-    if td.is_available() and td.is_initialized():  # a clean exit for multi-process runs:
-        td.barrier()  # gloo threads still alive at interpreter exit can abort the process
-        td.destroy_process_group()
+    try:
+        GRPOTrainer(cfg, resume=resume, allow_config_change=allow_config_change).train()
+    except ServiceUnavailableError:
+        close_process_group()  # every rank stops on it together, so the barrier meets
+        raise
+    close_process_group()
     return Path(cfg.run_dir)

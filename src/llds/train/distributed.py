@@ -22,6 +22,13 @@ T = TypeVar("T")
 
 class Dist:
     def __init__(self) -> None:
+        # `torch.distributed.nn.functional` binds the default process group into its functions'
+        # default arguments when it is first imported. Imported after the group exists (loading
+        # a model with transformers imports it), it keeps the group alive past
+        # `destroy_process_group`: gloo's threads then outlive the group into interpreter exit,
+        # where releasing a finished collective's tensor can abort the process. Imported first,
+        # it binds nothing.
+        import torch.distributed.nn.functional
         from accelerate import PartialState
 
         # without CUDA, Accelerate only recognises a multi-process CPU launch when told cpu=True
@@ -103,6 +110,19 @@ class Dist:
     def barrier(self) -> None:
         if self.enabled:
             self.state.wait_for_everyone()
+
+
+def close_process_group() -> None:
+    """Leave the process group together: a barrier, then teardown. Call it on every rank, on
+    success or after a failure every rank agreed on. Without the barrier one rank can tear its
+    connections down while a peer still holds them, and gloo's threads then abort the process
+    at exit ("terminate called without an active exception") instead of letting it end with its
+    exit status and message."""
+    import torch.distributed as td
+
+    if td.is_available() and td.is_initialized():
+        td.barrier()
+        td.destroy_process_group()
 
 
 def _isnan(v: float) -> bool:
