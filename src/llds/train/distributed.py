@@ -113,11 +113,12 @@ class Dist:
 
 
 def close_process_group() -> None:
-    """Leave the process group together: a barrier, then teardown. Call it on every rank, on
-    success or after a failure every rank agreed on. Without the barrier one rank can tear its
-    connections down while a peer still holds them, and gloo's threads then abort the process
-    at exit ("terminate called without an active exception") instead of letting it end with its
-    exit status and message."""
+    """Leave the process group together: a barrier (no rank tears its connections down while a
+    peer is still in a collective), then teardown, which stops gloo's threads; threads left
+    running into interpreter exit can abort a finished process ("terminate called without an
+    active exception") instead of letting it end with its exit status and message (see
+    `Dist.__init__` for what kept them alive). Call it on every rank, on success or after a
+    failure every rank agreed on."""
     import torch.distributed as td
 
     if td.is_available() and td.is_initialized():
