@@ -422,6 +422,7 @@ def test_background_runs_are_library_calls(tmp_path, small_world, world_tokenize
     broken = load_config(cfg_path, [f"run_dir={tmp_path / 'x'}", "model.path=/no/such/model"])
     with pytest.raises(UserInputError, match=r"exit code \d+\); see .*x\.log"):
         run_queue([(broken, tmp_path / "x.log")], parallel=1, poll_s=0.2)
+    assert "/no/such/model" in (tmp_path / "x.log").read_text(encoding="utf-8")
     here = GRPOTrainer(load_config(cfg_path, [f"run_dir={tmp_path / 'here'}"]), resume=False)
     rows = here.train()
     for name in ("a", "b"):

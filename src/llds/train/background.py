@@ -18,6 +18,7 @@ import multiprocessing
 import os
 import threading
 import time
+import traceback
 from collections.abc import Sequence
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -54,7 +55,13 @@ def _run_logged(cfg: TrainConfig, log_path: str, parent_pid: int) -> None:
         contextlib.redirect_stderr(log),  # progress bars of model loading go to the log too
     ):
         logging.basicConfig(level=logging.INFO, stream=log, format="%(message)s", force=True)
-        run(cfg)
+        try:
+            run(cfg)
+        except Exception:
+            # the queue's error points at this log: the reason must be in it, not only on the
+            # starter's stderr, where multiprocessing prints it once the redirect has ended
+            traceback.print_exc(file=log)
+            raise
 
 
 def start_run(cfg: TrainConfig, log_path: str | Path) -> BaseProcess:
