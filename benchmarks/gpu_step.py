@@ -32,6 +32,38 @@ from llds.train.config import AlgoConfig, LLDSConfig, OptimConfig
 from llds.train.trainer import GRPOTrainer
 
 
+def profile_update(trainer: GRPOTrainer, device: str) -> None:
+    """One more step with its update under torch.profiler: host (Python, dispatch, launches)
+    time against device kernel time says whether the update is bound by the GPU or by the CPU
+    feeding it. Prints the top operators by device time and by host time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if device.startswith("cuda"):
+        activities.append(ProfilerActivity.CUDA)
+    run = trainer.updater.run
+
+    def profiled(*args, **kwargs):
+        with profile(activities=activities) as prof:
+            out = run(*args, **kwargs)
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+        ops = prof.key_averages()
+        host = sum(e.self_cpu_time_total for e in ops) / 1e6
+        kernels = sum(e.self_device_time_total for e in ops) / 1e6
+        print(f"profiled update: host (self CPU) {host:.2f} s, device kernels {kernels:.2f} s")
+        sort = "self_device_time_total" if device.startswith("cuda") else "self_cpu_time_total"
+        print(ops.table(sort_by=sort, row_limit=15, max_name_column_width=60))
+        print(ops.table(sort_by="self_cpu_time_total", row_limit=10, max_name_column_width=60))
+        return out
+
+    trainer.updater.run = profiled
+    try:
+        trainer.train_step()
+    finally:
+        trainer.updater.run = run
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--prompts", type=int, default=32)
@@ -42,6 +74,16 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     ap.add_argument("--peak-tflops", type=float, default=989.0)
+    ap.add_argument(
+        "--compare-cudnn",
+        action="store_true",
+        help="alternate steps with and without cuDNN's SDPA attention kernels",
+    )
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="after the timed steps, profile one more step's update (torch.profiler)",
+    )
     args = ap.parse_args()
 
     world = generate_world(WorldConfig.preset("organism"))
@@ -68,26 +110,51 @@ def main() -> None:
         dtype=args.dtype,
     )
     trainer = GRPOTrainer(cfg, model=model, tokenizer=tok, train_examples=world.train, resume=False)
-    rows = [trainer.train_step() for _ in range(1 + args.steps)][1:]
+    # arms: SDPA with every backend torch may pick (cuDNN included) and, with
+    # --compare-cudnn, without cuDNN's attention; the arms alternate step by step after one
+    # warm-up step each, so both see the same stream of batches and the same machine state
+    arms = ["SDPA (cuDNN allowed)"] + (["SDPA without cuDNN"] if args.compare_cudnn else [])
+    rows: dict[str, list[dict]] = {arm: [] for arm in arms}
+    for i in range(1 + args.steps):
+        for arm in arms:
+            torch.backends.cuda.enable_cudnn_sdp(arm == arms[0])
+            row = trainer.train_step()
+            if i:
+                rows[arm].append(row)
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    if args.profile:
+        profile_update(trainer, args.device)
     # tokens the update's forward+backward really processes per optimizer epoch: every
     # response token, and each group's shared prompt once (one forward per distinct prompt)
     responses = args.prompts * args.group * args.tokens
     prompt_tokens = statistics.fmean(len(trainer._prompt_ids(q)) for q in world.train[:64])
     tokens = responses + args.prompts * prompt_tokens
-    upd = statistics.median(r["time/update"] for r in rows)
-    mfu = 6 * n_body * tokens / upd / (args.peak_tflops * 1e12)
     print(f"machine: {machine()}")
     print(f"command: `python benchmarks/gpu_step.py {' '.join(sys.argv[1:])}`".strip())
-    print(f"model: {n_body / 1e6:.0f}M non-embedding parameters, {args.dtype}, SDPA")
-    print("| step | rollout | old log-probs | update | rollout tokens/s | update MFU |")
-    print("|---|---|---|---|---|---|")
     print(
-        f"| {statistics.median(r['time/step'] for r in rows):.2f} s "
-        f"| {statistics.median(r['time/rollout'] for r in rows):.2f} s "
-        f"| {statistics.median(r['time/old_logprob'] for r in rows):.2f} s | {upd:.2f} s "
-        f"| {statistics.median(r['throughput/rollout_tokens_per_s'] for r in rows):,.0f} "
-        f"| {100 * mfu:.1f}% |"
+        f"model: {n_body / 1e6:.0f}M non-embedding parameters, {args.dtype}; median of {args.steps}"
     )
+    print("| attention | step | rollout | old log-probs | update | rollout tokens/s | update MFU |")
+    print("|---|---|---|---|---|---|---|")
+    upd: dict[str, float] = {}
+    for arm in arms:
+        r = rows[arm]
+        upd[arm] = statistics.median(x["time/update"] for x in r)
+        mfu = 6 * n_body * tokens / upd[arm] / (args.peak_tflops * 1e12)
+        print(
+            f"| {arm} | {statistics.median(x['time/step'] for x in r):.2f} s "
+            f"| {statistics.median(x['time/rollout'] for x in r):.2f} s "
+            f"| {statistics.median(x['time/old_logprob'] for x in r):.2f} s | {upd[arm]:.2f} s "
+            f"| {statistics.median(x['throughput/rollout_tokens_per_s'] for x in r):,.0f} "
+            f"| {100 * mfu:.1f}% |"
+        )
+    if args.compare_cudnn:
+        a, b = arms
+        every = ", ".join(
+            f"{x['time/update']:.2f}/{y['time/update']:.2f}"
+            for x, y in zip(rows[a], rows[b], strict=True)
+        )
+        print(f"update, {b} vs {a}: {upd[a] / upd[b]:.2f}x; every step's update: {every} s")
 
 
 if __name__ == "__main__":
