@@ -1,0 +1,93 @@
+"""How long did each recorded collapse last? The LLD study's collapses by duration (post hoc).
+
+The study's pre-registered collapse (`lld_study.collapse_step`) is the first step from which the
+10-step median training reward stays at or below half of its running peak to the end of the
+run. A run whose reward drops in its last few steps meets it as fully as one that sat at zero
+for hundreds of steps. This script reads every committed run of the study and prints, per run,
+the collapse step and how many steps the run spent collapsed, then counts the collapses per
+world and arm under the pre-registered definition and under minimum durations of 20 and 50
+steps. Descriptive and post hoc: it changes no verdict of the study, whose rules were fixed
+before its runs; a collapse inside a run's last steps may have recovered in a longer run.
+
+    python benchmarks/collapse_duration.py [--results benchmarks/lld_study/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from lld_study import SMOOTH, _median_window, collapse_step
+from llds import metrics as keys
+
+DURATIONS = (20, 50)
+RESULTS = Path(__file__).resolve().parent / "lld_study" / "results"
+
+
+def run_logs(results: Path) -> list[Path]:
+    """Every run's committed metrics log (`metrics.jsonl.gz`) under `results`, in path order."""
+    return sorted(results.rglob("metrics.jsonl.gz"))
+
+
+def read_log(path: Path) -> list[dict]:
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def world_and_arm(results: Path, run: Path) -> tuple[str, str, str]:
+    """`(world, arm, seed)` from `[<world>/]<arm>/seed<N>`; the organism has no world folder."""
+    parts = run.relative_to(results).parts
+    world = "/".join(parts[:-2]) or "organism"
+    return world, parts[-2].replace("_", "+", 1), parts[-1].removeprefix("seed")
+
+
+def collapsed_steps(steps: list[int], reward: list[float]) -> tuple[int | None, int]:
+    """`(collapse step, steps from it to the run's last step, both counted)`; `(None, 0)`."""
+    start = collapse_step(steps, reward)
+    return (None, 0) if start is None else (start, steps[-1] - start + 1)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--results", type=Path, default=RESULTS)
+    args = ap.parse_args()
+
+    print(f"command: `python benchmarks/collapse_duration.py {' '.join(sys.argv[1:])}`".strip())
+    print()
+    head = ["world", "arm", "seed", "steps", "collapse step", "steps collapsed"]
+    head += ["end reward (10-step median)"]
+    print("| " + " | ".join(head) + " |")
+    print("|---|---|---|---|---|---|---|")
+    counts: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, *(0 for _ in DURATIONS)])
+    for log in run_logs(args.results):
+        run, rows = log.parent, read_log(log)
+        steps = [r["step"] for r in rows]
+        reward = [r[keys.REWARD_MEAN] for r in rows]
+        start, length = collapsed_steps(steps, reward)
+        end = _median_window(reward, len(reward) - 1, SMOOTH)
+        world, arm, seed = world_and_arm(args.results, run)
+        print(
+            f"| {world} | {arm} | {seed} | {steps[-1]} | {start if start else 'none'} "
+            f"| {length} | {end:.3f} |"
+        )
+        c = counts[(world, arm)]
+        c[0] += 1
+        c[1] += start is not None
+        for k, d in enumerate(DURATIONS):
+            c[2 + k] += length >= d
+    print()
+    head = ["world", "arm", "runs", "collapses (pre-registered)"]
+    head += [f"lasting >= {d} steps" for d in DURATIONS]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for (world, arm), c in sorted(counts.items()):
+        print(f"| {world} | {arm} | " + " | ".join(str(x) for x in c) + " |")
+
+
+if __name__ == "__main__":
+    main()
