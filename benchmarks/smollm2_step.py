@@ -20,10 +20,13 @@ Time: the `full head`, `written only` and `written only, bf16` arms alternate in
 (`--repeats` rounds, median). Memory: each arm once more in its own process, after a warm-up
 update: the resident memory before an update (weights, gradients of the last one, optimizer
 state) and the peak during it (Linux: the peak is reset after loading).
-Rollout generation does not depend on the head; it is timed on the same prompts in float32 and
-in bfloat16 compute (the same number of tokens, greedy, KV cache).
+Rollout generation does not depend on the head; each round also times, per arm, a greedy decode
+of `--decode-tokens` tokens from the batch's prompts (KV cache) in the arm's precision. The
+round's step at equal work is that decode + the log-prob passes the trainer runs (2 in float32,
+3 under mixed precision, where pi_old is recomputed) + the update.
 
     python benchmarks/smollm2_step.py [--questions 2] [--group 4] [--repeats 3] [--threads 2]
+                                      [--decode-tokens 256] [--no-memory]
 
 Needs the optional packages of the README (SmolLM2, Red-Trivia, Wikipedia summaries).
 """
@@ -163,10 +166,10 @@ def one_arm(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def decode_rate(model, batch, tokens: int = 64, arm: str = "") -> float:
-    """Tokens per second of greedy decoding with a KV cache, all rows at once (the engine's
-    decode loop without sampling), from the batch's prompts, in the arm's compute precision
-    (one autocast region around the whole loop, as the engine's rollout has)."""
+def decode_seconds(model, batch, tokens: int = 64, arm: str = "") -> float:
+    """Seconds for `tokens` steps of greedy decoding with a KV cache, all rows at once (the
+    engine's decode loop without sampling), from the batch's prompts, in the arm's compute
+    precision (one autocast region around the whole loop, as the engine's rollout has)."""
     from llds.models.kv_cache import cache_argument, returned_cache
 
     model.eval()
@@ -181,7 +184,14 @@ def decode_rate(model, batch, tokens: int = 64, arm: str = "") -> float:
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
             out = model(input_ids=nxt, attention_mask=mask, logits_to_keep=1, **{name: cache})
             cache, nxt = returned_cache(out), out.logits[:, -1:].argmax(-1)
-        return tokens * len(batch) / (time.perf_counter() - t0)
+        return time.perf_counter() - t0
+
+
+def passes_per_step(arm: str) -> int:
+    """Log-prob passes the trainer runs per step besides the update: the KL reference and the
+    displacement pass, plus pi_old under mixed precision (float32 takes pi_old from the
+    sampling logits; bf16 compute recomputes it, `AlgoConfig.old_logprobs: auto`)."""
+    return 3 if arm.endswith("bf16") else 2
 
 
 def _child(arm: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -199,6 +209,12 @@ def main() -> None:
     ap.add_argument("--mini-batches", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument(
+        "--decode-tokens",
+        type=int,
+        default=256,
+        help="decode steps in the step at equal work (the preset's rollout decodes ~250-290)",
+    )
     ap.add_argument("--arm", choices=ARMS, help=argparse.SUPPRESS)  # child process
     ap.add_argument("--no-memory", action="store_true", help="skip the per-arm memory processes")
     ap.add_argument("--memory-only", action="store_true", help="only the per-arm processes")
@@ -218,17 +234,19 @@ def main() -> None:
     columns = int(batch.attention_mask[:, batch.prompt_len :].sum())
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
     times: dict[str, dict[str, list[float]]] = {
-        a: {"update": [], "log_prob_pass": []} for a in TIMED
+        a: {"update": [], "log_prob_pass": [], "decode": [], "step": []} for a in TIMED
     }
     update(model, opt, batch, args.mini_batches, True)  # warm-up: allocator, optimizer state
     for _ in range(args.repeats):
         for arm in TIMED:
             only = arm != "full head"
-            times[arm]["update"].append(update(model, opt, batch, args.mini_batches, only, arm))
-            times[arm]["log_prob_pass"].append(log_prob_pass(model, batch, only, arm))
-    rates = {
-        arm: decode_rate(model, batch, arm=arm) for arm in ("written only", "written only, bf16")
-    }
+            t = times[arm]
+            t["update"].append(update(model, opt, batch, args.mini_batches, only, arm))
+            t["log_prob_pass"].append(log_prob_pass(model, batch, only, arm))
+            t["decode"].append(decode_seconds(model, batch, args.decode_tokens, arm))
+            # the round's step at equal work: the same decode, passes and update in every arm
+            passes = passes_per_step(arm) * t["log_prob_pass"][-1]
+            t["step"].append(t["decode"][-1] + passes + t["update"][-1])
 
     memory: dict[str, dict[str, Any]] = {}
     if not args.no_memory:
@@ -268,10 +286,27 @@ def main() -> None:
             f"{med[a]['log_prob_pass'] / med[b]['log_prob_pass']:.2f}x; every round's update: "
             + ", ".join(f"{x:.1f}/{y:.1f}" for x, y in rounds)
         )
-    f32, b16 = rates["written only"], rates["written only, bf16"]
+    rows = len(batch)
+    print()
     print(
-        f"decode (greedy, KV cache, {len(batch)} rows): {f32:.0f} tokens/s float32, "
-        f"{b16:.0f} tokens/s bf16 compute ({b16 / f32:.2f}x)"
+        f"Step at equal work: decode {args.decode_tokens} tokens x {rows} rows (greedy, KV "
+        "cache) + the trainer's log-prob passes (the round's pass x 2 in float32, x 3 in bf16) "
+        "+ the update, summed per round; median of the rounds"
+    )
+    print("| arm | decode | tokens/s | passes | update | step | vs full head |")
+    print("|---|---|---|---|---|---|---|")
+    base = med["full head"]["step"]
+    for arm in TIMED:
+        m = med[arm]
+        print(
+            f"| {arm} | {m['decode']:.1f} s | {rows * args.decode_tokens / m['decode']:.0f} "
+            f"| {passes_per_step(arm)} x {m['log_prob_pass']:.1f} s | {m['update']:.1f} s "
+            f"| {m['step']:.1f} s | {base / m['step']:.2f}x |"
+        )
+    rounds = zip(times["full head"]["step"], times["written only, bf16"]["step"], strict=True)
+    print(
+        "every round's step, full head / written only bf16: "
+        + ", ".join(f"{x:.1f}/{y:.1f}" for x, y in rounds)
     )
 
 
