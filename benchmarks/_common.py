@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import gzip
+import json
 import os
 import platform
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 
 def machine() -> str:
@@ -113,3 +116,9 @@ def run_unfinished(configs, parallel: int, poll_s: float = 5.0) -> None:
     stamp = int(time.time())
     jobs = [(c, Path(c.run_dir) / f"train-{stamp}.log") for c in configs if not finished(c)]
     run_queue(jobs, parallel, poll_s=poll_s)
+
+
+def read_committed_metrics(path: Path) -> list[dict]:
+    """The rows of a committed run log (`metrics.jsonl.gz`, as the study results keep them)."""
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]

@@ -20,7 +20,6 @@ Reads the committed study logs: `python benchmarks/alarm_ceiling.py` (seconds; n
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import math
 import statistics
@@ -29,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from _common import read_committed_metrics
 
 RESULTS = Path(__file__).parent / "lld_study" / "results"
 ORGANISM_START_EM = 0.558
@@ -122,8 +123,7 @@ def load_runs(results: Path = RESULTS, *, fine: bool = False) -> list[Run]:
                     extra = finer.get(f"{arm}/{seed}", {})
                     summary = {**summary, "eval_em": {**summary["eval_em"], **extra}}
                     path = root / arm.replace("+", "_") / f"seed{seed}" / "metrics.jsonl.gz"
-                    with gzip.open(path, "rt", encoding="utf-8") as f:
-                        rows = [json.loads(line) for line in f]
+                    rows = read_committed_metrics(path)
                     runs.append(Run(f"{world} {arm} {seed}", rows, event_step(summary, start)))
     return runs
 

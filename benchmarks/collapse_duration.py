@@ -15,13 +15,12 @@ before its runs; a collapse inside a run's last steps may have recovered in a lo
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
 import sys
 from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import read_committed_metrics
 from lld_study import SMOOTH, _median_window, collapse_step
 from llds import metrics as keys
 
@@ -32,11 +31,6 @@ RESULTS = Path(__file__).resolve().parent / "lld_study" / "results"
 def run_logs(results: Path) -> list[Path]:
     """Every run's committed metrics log (`metrics.jsonl.gz`) under `results`, in path order."""
     return sorted(results.rglob("metrics.jsonl.gz"))
-
-
-def read_log(path: Path) -> list[dict]:
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 def world_and_arm(results: Path, run: Path) -> tuple[str, str, str]:
@@ -65,7 +59,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     counts: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, *(0 for _ in DURATIONS)])
     for log in run_logs(args.results):
-        run, rows = log.parent, read_log(log)
+        run, rows = log.parent, read_committed_metrics(log)
         steps = [r["step"] for r in rows]
         reward = [r[keys.REWARD_MEAN] for r in rows]
         start, length = collapsed_steps(steps, reward)

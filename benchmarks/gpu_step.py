@@ -38,21 +38,20 @@ def profile_update(trainer: GRPOTrainer, device: str) -> None:
     feeding it. Prints the top operators by device time and by host time."""
     from torch.profiler import ProfilerActivity, profile
 
-    activities = [ProfilerActivity.CPU]
-    if device.startswith("cuda"):
-        activities.append(ProfilerActivity.CUDA)
+    on_gpu = device.startswith("cuda")
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if on_gpu else [])]
     run = trainer.updater.run
 
     def profiled(*args, **kwargs):
         with profile(activities=activities) as prof:
             out = run(*args, **kwargs)
-            if device.startswith("cuda"):
+            if on_gpu:
                 torch.cuda.synchronize()
         ops = prof.key_averages()
         host = sum(e.self_cpu_time_total for e in ops) / 1e6
         kernels = sum(e.self_device_time_total for e in ops) / 1e6
         print(f"profiled update: host (self CPU) {host:.2f} s, device kernels {kernels:.2f} s")
-        sort = "self_device_time_total" if device.startswith("cuda") else "self_cpu_time_total"
+        sort = "self_device_time_total" if on_gpu else "self_cpu_time_total"
         print(ops.table(sort_by=sort, row_limit=15, max_name_column_width=60))
         print(ops.table(sort_by="self_cpu_time_total", row_limit=10, max_name_column_width=60))
         return out

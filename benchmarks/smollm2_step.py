@@ -191,7 +191,7 @@ def passes_per_step(arm: str) -> int:
     """Log-prob passes the trainer runs per step besides the update: the KL reference and the
     displacement pass, plus pi_old under mixed precision (float32 takes pi_old from the
     sampling logits; bf16 compute recomputes it, `AlgoConfig.old_logprobs: auto`)."""
-    return 3 if arm.endswith("bf16") else 2
+    return 3 if precision(arm).mixed else 2
 
 
 def _child(arm: str, args: argparse.Namespace) -> dict[str, Any]:
