@@ -17,6 +17,8 @@ Runs on a CPU too (slowly, fp32) with `--device cpu --dtype float32 --layers 2` 
 from __future__ import annotations
 
 import argparse
+import copy
+import dataclasses
 import statistics
 import sys
 import tempfile
@@ -79,6 +81,12 @@ def main() -> None:
         help="alternate steps with and without cuDNN's SDPA attention kernels",
     )
     ap.add_argument(
+        "--compare-rollout-copy",
+        action="store_true",
+        help="alternate steps with a second trainer whose rollouts sample from a bf16 copy "
+        "(rollout.dtype: bfloat16)",
+    )
+    ap.add_argument(
         "--profile",
         action="store_true",
         help="after the timed steps, profile one more step's update (torch.profiler)",
@@ -108,16 +116,33 @@ def main() -> None:
         optim=OptimConfig(lr=1e-6, mini_batches=4, micro_batch_tokens=65536),
         dtype=args.dtype,
     )
+    copy_model = copy.deepcopy(model) if args.compare_rollout_copy else None
     trainer = GRPOTrainer(cfg, model=model, tokenizer=tok, train_examples=world.train, resume=False)
-    # arms: SDPA with every backend torch may pick (cuDNN included) and, with
-    # --compare-cudnn, without cuDNN's attention; the arms alternate step by step after one
-    # warm-up step each, so both see the same stream of batches and the same machine state
-    arms = ["SDPA (cuDNN allowed)"] + (["SDPA without cuDNN"] if args.compare_cudnn else [])
+    # arms (name -> trainer, cuDNN attention allowed): SDPA with every backend torch may pick
+    # (cuDNN included); with --compare-cudnn the same trainer without cuDNN's attention; with
+    # --compare-rollout-copy a second trainer, from the same initial weights, sampling from a
+    # bf16 copy. The arms alternate step by step after one warm-up step each, so they see the
+    # same stream of batches and the same machine state
+    arms = {"SDPA (cuDNN allowed)": (trainer, True)}
+    if args.compare_cudnn:
+        arms["SDPA without cuDNN"] = (trainer, False)
+    if copy_model is not None:
+        copy_cfg = dataclasses.replace(
+            cfg,
+            run_dir=tempfile.mkdtemp(prefix="gpu_step_copy."),
+            rollout=dataclasses.replace(cfg.rollout, dtype="bfloat16"),
+        )
+        arms["bf16 sampling copy"] = (
+            GRPOTrainer(
+                copy_cfg, model=copy_model, tokenizer=tok, train_examples=world.train, resume=False
+            ),
+            True,
+        )
     rows: dict[str, list[dict]] = {arm: [] for arm in arms}
     for i in range(1 + args.steps):
-        for arm in arms:
-            torch.backends.cuda.enable_cudnn_sdp(arm == arms[0])
-            row = trainer.train_step()
+        for arm, (arm_trainer, cudnn) in arms.items():
+            torch.backends.cuda.enable_cudnn_sdp(cudnn)
+            row = arm_trainer.train_step()
             if i:
                 rows[arm].append(row)
     torch.backends.cuda.enable_cudnn_sdp(True)
@@ -133,7 +158,7 @@ def main() -> None:
     print(
         f"model: {n_body / 1e6:.0f}M non-embedding parameters, {args.dtype}; median of {args.steps}"
     )
-    print("| attention | step | rollout | old log-probs | update | rollout tokens/s | update MFU |")
+    print("| arm | step | rollout | old log-probs | update | rollout tokens/s | update MFU |")
     print("|---|---|---|---|---|---|---|")
     upd: dict[str, float] = {}
     for arm in arms:
@@ -147,13 +172,15 @@ def main() -> None:
             f"| {statistics.median(x['throughput/rollout_tokens_per_s'] for x in r):,.0f} "
             f"| {100 * mfu:.1f}% |"
         )
-    if args.compare_cudnn:
-        a, b = arms
+    base = next(iter(arms))
+    for arm in list(arms)[1:]:  # each other arm against the first, on the phase it changes
+        phase = "rollout" if arm == "bf16 sampling copy" else "update"
+        mine, theirs = (statistics.median(r[f"time/{phase}"] for r in rows[a]) for a in (base, arm))
         every = ", ".join(
-            f"{x['time/update']:.2f}/{y['time/update']:.2f}"
-            for x, y in zip(rows[a], rows[b], strict=True)
+            f"{x[f'time/{phase}']:.2f}/{y[f'time/{phase}']:.2f}"
+            for x, y in zip(rows[base], rows[arm], strict=True)
         )
-        print(f"update, {b} vs {a}: {upd[a] / upd[b]:.2f}x; every step's update: {every} s")
+        print(f"{phase}, {arm} vs {base}: {mine / theirs:.2f}x; every step's {phase}: {every} s")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,10 @@ log-prob pass). Arms:
 - `written only, bf16`: `written only` with `model.dtype: bfloat16`, i.e. float32 master weights
   and optimizer state, the matrix multiplications in bfloat16 through autocast (CPUs with
   AVX512-BF16 or AMX run them natively; on others they are slower than float32);
+- `written only, bf16, bf16 sampling copy`: `written only, bf16` whose rollouts sample from a
+  bf16 copy of the policy with eager attention (`rollout.dtype: bfloat16`,
+  `rollout.attn_implementation: eager`), refreshed after the update: its decode and the refresh
+  are timed, its passes and update are the bf16 arm's of the same round (the same code);
 - `LoRA`: `written only` with peft adapters (r 16 on the attention and MLP projections), the
   base frozen: fewer optimizer states and no base-weight gradients.
 
@@ -46,16 +50,21 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine
+from llds.train.sampling_copy import make_sampling_copy, refresh_sampling_copy
 
 ARMS = ("full head", "written only", "written only, bf16", "LoRA")
 TIMED = ARMS[:3]  # alternate in one process; LoRA is timed once in its own
+COPY_ARM = "written only, bf16, bf16 sampling copy"
+"""`written only, bf16` sampling from a bf16 copy with eager attention (`rollout.dtype`,
+`rollout.attn_implementation`): its decode and the copy's refresh are timed; its passes and
+update are the `written only, bf16` arm's of the same round (the same code on the same policy)"""
 
 
 def precision(arm: str):
     """The arm's compute precision (the trainer's `model.dtype`)."""
     from llds.train.precision import Precision
 
-    return Precision(torch.bfloat16 if arm.endswith("bf16") else None)
+    return Precision(torch.bfloat16 if "bf16" in arm else None)
 
 
 def build_batch(questions: int, group: int):
@@ -169,13 +178,17 @@ def one_arm(args: argparse.Namespace) -> dict[str, Any]:
 def decode_seconds(model, batch, tokens: int = 64, arm: str = "") -> float:
     """Seconds for `tokens` steps of greedy decoding with a KV cache, all rows at once (the
     engine's decode loop without sampling), from the batch's prompts, in the arm's compute
-    precision (one autocast region around the whole loop, as the engine's rollout has)."""
+    precision (one autocast region around the whole loop, as the engine's rollout has; none
+    for a sampling copy, which computes in its stored dtype)."""
+    import contextlib
+
     from llds.models.kv_cache import cache_argument, returned_cache
 
     model.eval()
     p = batch.prompt_len
     ids, mask = batch.input_ids[:, :p], batch.attention_mask[:, :p]
-    with torch.no_grad(), precision(arm).autocast():
+    region = contextlib.nullcontext() if arm == COPY_ARM else precision(arm).autocast()
+    with torch.no_grad(), region:
         out = model(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=1)
         cache, nxt = returned_cache(out), out.logits[:, -1:].argmax(-1)
         name = cache_argument(model)
@@ -236,7 +249,9 @@ def main() -> None:
     times: dict[str, dict[str, list[float]]] = {
         a: {"update": [], "log_prob_pass": [], "decode": [], "step": []} for a in TIMED
     }
+    times[COPY_ARM] = {"update": [], "log_prob_pass": [], "decode": [], "step": [], "refresh": []}
     update(model, opt, batch, args.mini_batches, True)  # warm-up: allocator, optimizer state
+    clone = make_sampling_copy(model, "bfloat16", "eager")
     for _ in range(args.repeats):
         for arm in TIMED:
             only = arm != "full head"
@@ -247,6 +262,15 @@ def main() -> None:
             # the round's step at equal work: the same decode, passes and update in every arm
             passes = passes_per_step(arm) * t["log_prob_pass"][-1]
             t["step"].append(t["decode"][-1] + passes + t["update"][-1])
+        t, bf16 = times[COPY_ARM], times["written only, bf16"]
+        t0 = time.perf_counter()
+        refresh_sampling_copy(model, clone)  # after the round's updates, as the trainer does
+        t["refresh"].append(time.perf_counter() - t0)
+        t["decode"].append(decode_seconds(clone, batch, args.decode_tokens, COPY_ARM))
+        t["update"].append(bf16["update"][-1])
+        t["log_prob_pass"].append(bf16["log_prob_pass"][-1])
+        passes = passes_per_step(COPY_ARM) * t["log_prob_pass"][-1]
+        t["step"].append(t["refresh"][-1] + t["decode"][-1] + passes + t["update"][-1])
 
     memory: dict[str, dict[str, Any]] = {}
     if not args.no_memory:
@@ -296,18 +320,21 @@ def main() -> None:
     print("| arm | decode | tokens/s | passes | update | step | vs full head |")
     print("|---|---|---|---|---|---|---|")
     base = med["full head"]["step"]
-    for arm in TIMED:
+    for arm in (*TIMED, COPY_ARM):
         m = med[arm]
+        refresh = f" + refresh {m['refresh']:.2f} s" if "refresh" in m else ""
         print(
-            f"| {arm} | {m['decode']:.1f} s | {rows * args.decode_tokens / m['decode']:.0f} "
+            f"| {arm} | {m['decode']:.1f} s{refresh} "
+            f"| {rows * args.decode_tokens / m['decode']:.0f} "
             f"| {passes_per_step(arm)} x {m['log_prob_pass']:.1f} s | {m['update']:.1f} s "
             f"| {m['step']:.1f} s | {base / m['step']:.2f}x |"
         )
-    rounds = zip(times["full head"]["step"], times["written only, bf16"]["step"], strict=True)
-    print(
-        "every round's step, full head / written only bf16: "
-        + ", ".join(f"{x:.1f}/{y:.1f}" for x, y in rounds)
-    )
+    for arm in ("written only, bf16", COPY_ARM):
+        rounds = zip(times["full head"]["step"], times[arm]["step"], strict=True)
+        print(
+            f"every round's step, full head / {arm}: "
+            + ", ".join(f"{x:.1f}/{y:.1f}" for x, y in rounds)
+        )
 
 
 if __name__ == "__main__":

@@ -3,6 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
+
+ATTENTION_IMPLEMENTATIONS = (
+    "eager",
+    "sdpa",
+    "flash_attention_2",
+    "flash_attention_3",
+    "flex_attention",
+)
 
 
 @dataclass
@@ -31,6 +40,17 @@ class RolloutConfig:
     kv_reuse: bool = True
     max_rows: int = 64
     """rows generated concurrently (bounds memory; more rows per forward is faster)"""
+    dtype: Literal["bfloat16", "float16", "float32"] | None = None
+    """sample from a copy of the policy stored in this dtype (veRL's `rollout.dtype`), refreshed
+    from the trained weights after every update, instead of from the policy itself. With
+    `model.dtype: bfloat16` the policy keeps float32 weights and autocast re-casts every weight
+    matrix at every decoded token; a bf16 copy reads half the bytes and casts nothing. The copy
+    samples a slightly different distribution than the training forward computes, so pi_old is
+    then recomputed from the policy (`algo.old_logprobs: auto`). None: sample from the policy"""
+    attn_implementation: str | None = None
+    """attention kernel of the sampling copy (needs `dtype`): a transformers
+    `attn_implementation`, e.g. `eager`, which decodes bf16 faster than `sdpa` on CPUs; None
+    keeps the policy's"""
 
     def validate(self) -> None:
         from llds.errors import ConfigError
@@ -51,3 +71,14 @@ class RolloutConfig:
         for key, ok in checks.items():
             if not ok:
                 raise ConfigError(f"rollout.{key}: invalid value {getattr(self, key)!r}")
+        attn = self.attn_implementation
+        if attn is not None and attn not in ATTENTION_IMPLEMENTATIONS:
+            raise ConfigError(
+                f"rollout.attn_implementation: {attn!r} is none of "
+                + ", ".join(ATTENTION_IMPLEMENTATIONS)
+            )
+        if attn is not None and self.dtype is None:
+            raise ConfigError(
+                "rollout.attn_implementation: sets the kernel of the sampling copy, which only "
+                "exists with rollout.dtype (e.g. rollout.dtype=bfloat16)"
+            )

@@ -294,6 +294,13 @@ class TrainConfig:
                 )
         if self.fsdp.enabled and self.model.dtype == "float16":
             raise bad("fsdp.enabled", "FSDP runs bf16 or float32 compute; use model.dtype=bfloat16")
+        if self.rollout.dtype is not None and self.algo.old_logprobs == "rollout":
+            raise bad(
+                "algo.old_logprobs",
+                f"'rollout' reads pi_old from the sampling logits, but rollout.dtype="
+                f"{self.rollout.dtype} samples from a copy whose numbers differ from the policy's "
+                "forward; use auto or recompute",
+            )
         w = self.optim.warmup_ratio
         if w is not None:
             if not 0 <= w < 1:

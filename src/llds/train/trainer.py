@@ -71,6 +71,11 @@ from llds.train.resume import (
     warn_if_float_env_changed,
 )
 from llds.train.rollout_metrics import rollout_metrics
+from llds.train.sampling_copy import (
+    make_sampling_copy,
+    refresh_sampling_copy,
+    sampling_context,
+)
 from llds.train.setup import PromptStream, frozen_copy, load_model
 from llds.train.tracking import MetricsLogger, read_metrics
 
@@ -168,6 +173,13 @@ class GRPOTrainer:
                 reshard_after_forward=cfg.fsdp.reshard_after_forward,
             )
         self.model.train()
+        # the model rollouts and periodic evaluation sample from: the rollout model, or with
+        # rollout.dtype a copy of it in that dtype, refreshed after every update
+        self.sampler = self.rollout_model
+        if cfg.rollout.dtype is not None:
+            self.sampler = make_sampling_copy(
+                self.rollout_model, cfg.rollout.dtype, cfg.rollout.attn_implementation
+            )
 
         if retriever is None and cfg.rollout.max_turns > 0:  # single-turn runs never search
             from llds.retrieval.factory import is_url, open_retriever
@@ -191,7 +203,7 @@ class GRPOTrainer:
         fmt = FormatRewardConfig(enabled=True) if cfg.algo.format_reward else None
         rollout_cfg = dataclasses.replace(cfg.rollout, topk=cfg.retriever.topk)  # one top-k
         self.engine = RolloutEngine(
-            self.rollout_model, tokenizer, retriever, rollout_cfg, format_reward=fmt
+            self.sampler, tokenizer, retriever, rollout_cfg, format_reward=fmt
         )
         # saved beside every checkpoint's weights, so that `llds eval` talks to it the same way
         self.protocol = Protocol(
@@ -323,7 +335,7 @@ class GRPOTrainer:
         with a rank that left and fail there with a transport error (or wait, by backend)."""
         failure: RetrievalServiceError | None = None
         try:
-            with self.precision.autocast():
+            with sampling_context(self.cfg.rollout.dtype, self.precision.autocast()):
                 batch = self.engine.generate(requests)
         except RetrievalServiceError as exc:
             if exc.status is not None or not self.dist.enabled:
@@ -384,8 +396,7 @@ class GRPOTrainer:
         update_stats = self.updater.run(
             batch, adv, old_logp, ref_logp, k, global_rows, llds_coef=self._llds_coef()
         )
-        if self.sharded:
-            fsdp.sync_unsharded_copy(self.model, self.rollout_model)
+        self._sync_copies()
         t_update = time.perf_counter() - t3
         self.scheduler.step()
 
@@ -420,8 +431,8 @@ class GRPOTrainer:
         if self.monitor is not None:
             metrics["phase"] = self.monitor.label.phase if self.monitor.label else "warmup"
         if self.evaluator is not None and is_due(self.step, cfg.eval_every, cfg.steps):
-            with self.precision.autocast():
-                metrics.update(self.evaluator(self.rollout_model, self.step))
+            with sampling_context(self.cfg.rollout.dtype, self.precision.autocast()):
+                metrics.update(self.evaluator(self.sampler, self.step))
         if self.probe_set and self.step % cfg.diagnostics.probe_every == 0:
             metrics.update(self._probe())
         if self.reference is not None and self.step % cfg.diagnostics.reference_every == 0:
@@ -596,12 +607,12 @@ class GRPOTrainer:
         state, blobs = load_training_state(target)
         if self.sharded:
             fsdp.load_sharded(target / SHARDED, self.model, self.optimizer)
-            fsdp.sync_unsharded_copy(self.model, self.rollout_model)
         else:
             model, _ = load_model(self.cfg.model, path=str(target / "model"), dtype="float32")
             self.model.load_state_dict(model.state_dict())
             del model
             self.optimizer.load_state_dict(blobs["optimizer"])
+        self._sync_copies()
         self.scheduler.load_state_dict(blobs["scheduler"])
         if self.scaler is not None and "grad_scaler" in blobs:
             self.scaler.load_state_dict(blobs["grad_scaler"])
@@ -635,6 +646,14 @@ class GRPOTrainer:
             self._prompt_cache[ex.id] = ids
         return ids
 
+    def _sync_copies(self) -> None:
+        """After the policy's weights changed: refresh the unsharded copy (FSDP) and the
+        sampling copy (`rollout.dtype`), in that order."""
+        if self.sharded:
+            fsdp.sync_unsharded_copy(self.model, self.rollout_model)
+        if self.sampler is not self.rollout_model:
+            refresh_sampling_copy(self.rollout_model, self.sampler)
+
     def _old_logprobs_from_rollout(self, batch: RolloutBatch) -> bool:
         """Take pi_old from the rollout (saving a forward pass over the whole batch) when the
         config allows it and the engine recorded them; see `AlgoConfig.old_logprobs`."""
@@ -647,6 +666,8 @@ class GRPOTrainer:
             return False
         if algo.old_logprobs == "rollout":
             return True
+        if self.sampler is not self.rollout_model:  # sampled by a copy, not by this forward
+            return False
         # auto: float32 sampling logits equal the training forward's to rounding; LLDS's first
         # step is exactly 0 whatever pi_old's rounding. The authors' first-step LLDS acts on that
         # rounding, so it gets their recomputed pi_old (read per step: rollback turns LLDS on).

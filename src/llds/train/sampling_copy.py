@@ -1,0 +1,67 @@
+"""The policy copy that rollouts sample from when `rollout.dtype` is set.
+
+Why a copy: with `model.dtype: bfloat16` the policy keeps float32 master weights and autocast
+casts every weight matrix to bf16 again at every forward; in decoding, one forward per token,
+that cast and the float32 reads dominate. A copy stored in bf16 reads half the bytes and casts
+nothing. It is refreshed from the trained weights after every update, so it always holds the
+current policy, rounded to its dtype. The training forward (pi_old, the update, the
+displacement pass) keeps using the policy itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from typing import TYPE_CHECKING
+
+import torch
+
+from llds.errors import ConfigError
+
+if TYPE_CHECKING:
+    from torch import nn
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def make_sampling_copy(model: nn.Module, dtype: str, attn_implementation: str | None) -> nn.Module:
+    """A frozen copy of `model` in `dtype` (eval mode, no gradients), with its own attention
+    kernel when `attn_implementation` is given."""
+    if dtype not in DTYPES:
+        raise ConfigError(f"rollout.dtype: {dtype!r} is none of {', '.join(DTYPES)}")
+    clone = copy.deepcopy(model).to(DTYPES[dtype])
+    clone.eval()
+    for p in clone.parameters():
+        p.requires_grad_(False)
+    if attn_implementation is not None:
+        _set_attention(clone, attn_implementation)
+    return clone
+
+
+def refresh_sampling_copy(source: nn.Module, clone: nn.Module) -> None:
+    """Copy `source`'s current weights into `clone` in place, cast to the clone's dtype."""
+    with torch.no_grad():
+        clone.load_state_dict(source.state_dict())
+
+
+def sampling_context(clone_dtype: str | None, autocast: contextlib.AbstractContextManager):
+    """The context rollouts run in: the run's autocast when sampling from the policy itself;
+    none for a copy, whose stored dtype is its compute dtype."""
+    return contextlib.nullcontext() if clone_dtype is not None else autocast
+
+
+def _set_attention(model: nn.Module, name: str) -> None:
+    """Switch the transformers model inside `model` (wrappers such as peft included)."""
+    from transformers import PreTrainedModel
+
+    for module in model.modules():
+        if isinstance(module, PreTrainedModel):
+            try:
+                module.set_attn_implementation(name)
+            except (ValueError, ImportError) as exc:
+                raise ConfigError(f"rollout.attn_implementation: {name!r}: {exc}") from None
+            return
+    raise ConfigError(
+        f"rollout.attn_implementation: the policy ({type(model).__name__}) is not a transformers "
+        "model, so its attention kernel cannot be chosen; leave rollout.attn_implementation unset"
+    )
