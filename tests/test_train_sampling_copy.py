@@ -90,3 +90,36 @@ def test_trainer_samples_from_a_refreshed_copy(tmp_path, small_world, world_toke
     assert moved > 0
     assert [r["policy/old_logprobs_from_rollout"] for r in rows] == [0.0, 0.0]
     assert tr.sampler.config._attn_implementation == "eager"
+
+
+def test_lora_policy_copy_carries_the_trained_adapters(
+    tmp_path, small_world, world_tokenizer, world_retriever
+):
+    """With peft adapters the copy is the wrapped model: its adapters follow the trained ones,
+    its base stays the base, and the attention switch reaches the model inside the wrappers."""
+    from conftest import TRAIN_BASE
+
+    overrides = [*TRAIN_BASE, f"run_dir={tmp_path}", "model.lora.r=4", "model.lora.alpha=8"]
+    overrides += ["steps=2", "save_every=2", "optim.lr=1e-2", "rollout.dtype=bfloat16"]
+    overrides += ["rollout.attn_implementation=eager"]
+    tr = GRPOTrainer(
+        load_config(None, overrides),
+        model=make_tiny_model(world_tokenizer, seed=1),
+        tokenizer=world_tokenizer,
+        retriever=world_retriever,
+        train_examples=small_world.train,
+    )
+    adapters_before = {
+        n: p.detach().clone() for n, p in tr.model.named_parameters() if "lora_" in n
+    }
+    tr.train()
+    policy = dict(tr.model.named_parameters())
+    copied = dict(tr.sampler.named_parameters())
+    assert set(copied) == set(policy) and adapters_before
+    moved = [n for n in adapters_before if not torch.equal(policy[n], adapters_before[n])]
+    assert moved
+    for name in moved:
+        assert torch.equal(copied[name], policy[name].detach().to(torch.bfloat16))
+    assert all(p.dtype == torch.bfloat16 for p in copied.values())
+    inner = next(m for m in tr.sampler.modules() if hasattr(m, "config"))
+    assert inner.config._attn_implementation == "eager"

@@ -46,7 +46,9 @@ class RolloutConfig:
     `model.dtype: bfloat16` the policy keeps float32 weights and autocast re-casts every weight
     matrix at every decoded token; a bf16 copy reads half the bytes and casts nothing. The copy
     samples a slightly different distribution than the training forward computes, so pi_old is
-    then recomputed from the policy (`algo.old_logprobs: auto`). None: sample from the policy"""
+    then recomputed from the policy (`algo.old_logprobs: auto`). Costs the model's size again in
+    this dtype (under FSDP a second copy beside the unsharded one). None: sample from the
+    policy"""
     attn_implementation: str | None = None
     """attention kernel of the sampling copy (needs `dtype`): a transformers
     `attn_implementation`, e.g. `eager`, which decodes bf16 faster than `sdpa` on CPUs; None
