@@ -10,6 +10,11 @@ peak; the attention score FLOPs are left out, so this slightly understates the r
 
     python benchmarks/gpu_step.py [--prompts 32] [--group 5] [--tokens 256] [--steps 4]
                                   [--peak-tflops 989]    # H100 SXM dense bf16
+                                  [--compare-cudnn] [--compare-rollout-copy] [--profile]
+
+Arms alternate step by step in one process: `--compare-cudnn` adds the same trainer without
+cuDNN's attention; `--compare-rollout-copy` a second trainer from the same initial weights
+whose rollouts sample from a bf16 copy (`rollout.dtype: bfloat16`).
 
 Runs on a CPU too (slowly, fp32) with `--device cpu --dtype float32 --layers 2` as a smoke test.
 """

@@ -43,16 +43,16 @@ class RolloutConfig:
     dtype: Literal["bfloat16", "float16", "float32"] | None = None
     """sample from a copy of the policy stored in this dtype (veRL's `rollout.dtype`), refreshed
     from the trained weights after every update, instead of from the policy itself. With
-    `model.dtype: bfloat16` the policy keeps float32 weights and autocast re-casts every weight
-    matrix at every decoded token; a bf16 copy reads half the bytes and casts nothing. The copy
+    `model.dtype: bfloat16` the policy keeps float32 weights and decodes through autocast, which
+    measured no faster than float32 on a CPU; a bf16 copy decodes without autocast. The copy
     samples a slightly different distribution than the training forward computes, so pi_old is
     then recomputed from the policy (`algo.old_logprobs: auto`). Costs the model's size again in
     this dtype (under FSDP a second copy beside the unsharded one). None: sample from the
     policy"""
     attn_implementation: str | None = None
     """attention kernel of the sampling copy (needs `dtype`): a transformers
-    `attn_implementation`, e.g. `eager`, which decodes bf16 faster than `sdpa` on CPUs; None
-    keeps the policy's"""
+    `attn_implementation`, e.g. `eager`, which decoded bf16 faster than `sdpa` on the CPU
+    measured (benchmarks/README.md); None keeps the policy's"""
 
     def validate(self) -> None:
         from llds.errors import ConfigError
