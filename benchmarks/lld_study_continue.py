@@ -10,14 +10,21 @@ skipped, an interrupted one resumes. Runs go `--parallel` at a time, one thread 
 
     python benchmarks/lld_study_continue.py --out runs/lld-study/larger-model --steps 900 \\
         --runs GRPO/seed1 GRPO_LLDS/seed1 GRPO_LLDS/seed2 GRPO/seed2 GRPO_LLDS/seed0
+
+`--report` starts nothing: it prints, per named run, what the continued stage's protocol
+measures (benchmarks/README.md, "`larger-model`, stage 3"), from what is on disk.
 """
 
 from __future__ import annotations
 
 import argparse
 import re
+import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 HERE = Path(__file__).resolve().parent / "lld_study"
 ARM_FILES = {"GRPO": "grpo.yaml", "GRPO_LLDS": "grpo-llds.yaml"}
@@ -53,13 +60,76 @@ def last_step(run_dir: Path) -> int:
     return int(rows[-1]["step"]) if rows else 0
 
 
+def first_fall_and_recovery(reward: Sequence[float]) -> tuple[int | None, bool]:
+    """`(index of the first fall, recovered)`: the first index where the 10-step median reward is
+    at or below half of its running peak (a peak of at least 0.2), as in the collapse
+    definition, and whether the median is ever above half of its running peak after that."""
+    from lld_study import DROP, MIN_PEAK, SMOOTH, _median_window
+
+    peak, fall = 0.0, None
+    for i in range(len(reward)):
+        smooth = _median_window(reward, i, SMOOTH)
+        peak = max(peak, smooth)
+        low = peak >= MIN_PEAK and smooth <= DROP * peak
+        if fall is None and low:
+            fall = i
+        elif fall is not None and not low:
+            return fall, True
+    return fall, False
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def report(out: Path, runs: Sequence[str], since: int) -> str:
+    """The stage's per-run table (markdown) from the runs on disk."""
+    from lld_study import collapse_step, summarize_run
+    from llds import metrics as keys
+    from llds.diagnostics.alarms import scan_alarms
+    from llds.train.tracking import read_metrics
+
+    head = f"| run | last step | collapsed at {since} | collapse step | steps collapsed "
+    head += "| first fall | recovered after it "
+    at = range(since, since + 301, 50)
+    head += f"| held-out EM at steps {', '.join(map(str, at))} | valid searches, last 50 steps "
+    head += f"| first critical alarm after {since} |"
+    lines = [head, "|" + "---|" * 10]
+    for run in runs:
+        path = out / run
+        rows = read_metrics(path)
+        steps, reward = [r["step"] for r in rows], [r[keys.REWARD_MEAN] for r in rows]
+        summary = summarize_run(path)
+        collapse = summary["collapse_step"]
+        k = sum(1 for t in steps if t <= since)
+        before = collapse_step(steps[:k], reward[:k]) if k else None
+        fall, recovered = first_fall_and_recovery(reward)
+        em = summary["eval_em"]
+        ems = " / ".join(f"{em[s]:.3f}" if s in em else "-" for s in at)
+        late = [a.step for a in scan_alarms(rows) if a.severity == "critical" and a.step > since]
+        lines.append(
+            f"| {run} | {steps[-1]} | {before or 'no'} | {collapse or 'none'} "
+            f"| {0 if collapse is None else steps[-1] - collapse + 1} "
+            f"| {'none' if fall is None else steps[fall]} | {'yes' if recovered else 'no'} "
+            f"| {ems} | {_fmt(summary['searches']['last'])} | {late[0] if late else 'none'} |"
+        )
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True, help="the factor's study folder")
     ap.add_argument("--runs", nargs="+", required=True, help="ARM_DIR/seedN, in start order")
-    ap.add_argument("--steps", type=int, required=True)
+    ap.add_argument("--steps", type=int, help="the new total (required unless --report)")
     ap.add_argument("--parallel", type=int, default=2)
+    ap.add_argument("--report", action="store_true", help="print the stage's table; run nothing")
+    ap.add_argument("--since", type=int, default=600, help="--report: the step runs resumed from")
     args = ap.parse_args()
+    if args.report:
+        print(report(args.out, args.runs, args.since))
+        return
+    if args.steps is None:
+        ap.error("--steps: the new total is required to continue runs")
     from llds.train.background import run_queue
     from llds.train.config import load_config
 

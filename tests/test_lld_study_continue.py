@@ -37,3 +37,31 @@ def test_last_step_reads_the_metrics_log(tmp_path):
     assert lld_study_continue.last_step(tmp_path) == 0
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
     assert lld_study_continue.last_step(tmp_path) == 2
+
+
+def test_first_fall_and_recovery_by_hand():
+    """10-step medians of 0.4 x 10, 0.1 x 10, 0.4 x 10: the median first reaches half the peak
+    (0.2) at index 15 (four 0.4s, six 0.1s in its window) and rises above it at index 24 (five
+    and five: 0.25)."""
+    up, down = [0.4] * 10, [0.1] * 10
+    assert lld_study_continue.first_fall_and_recovery(up + down + up) == (15, True)
+    assert lld_study_continue.first_fall_and_recovery(up + down) == (15, False)
+    assert lld_study_continue.first_fall_and_recovery([0.15] * 10 + [0.0] * 10) == (None, False)
+
+
+def test_report_reads_a_run_collapsed_at_the_resume_step_and_after_it(tmp_path):
+    """A run whose reward falls at step 21 and stays down to step 40: collapsed at the resume
+    step 30 and over the whole run, from step 26 (the first step whose 10-step median is 0.1)."""
+    import json
+
+    run = tmp_path / "GRPO" / "seed1"
+    run.mkdir(parents=True)
+    rewards = [0.4] * 20 + [0.1] * 20
+    rows = [
+        {"step": i + 1, "reward/mean": r, "time/step": 1.0, "eval/em": 0.5}
+        for i, r in enumerate(rewards)
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    table = lld_study_continue.report(tmp_path, ["GRPO/seed1"], since=30)
+    cells = [c.strip() for c in table.splitlines()[-1].strip("|").split("|")]
+    assert cells[:7] == ["GRPO/seed1", "40", "26", "26", "15", "26", "no"]
