@@ -82,12 +82,26 @@ def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
+def run_rows(path: Path) -> list[dict]:
+    """A run's metrics rows: its live log (`metrics.jsonl`) or, once committed, the gzipped copy
+    (`metrics.jsonl.gz`)."""
+    from _common import read_committed_metrics
+    from llds.train.tracking import read_metrics
+
+    if (path / "metrics.jsonl").is_file():
+        return read_metrics(path)
+    if (path / "metrics.jsonl.gz").is_file():
+        return read_committed_metrics(path / "metrics.jsonl.gz")
+    raise SystemExit(f"{path}: neither metrics.jsonl nor metrics.jsonl.gz")
+
+
 def report(out: Path, runs: Sequence[str], since: int) -> str:
-    """The stage's per-run table (markdown) from the runs on disk."""
-    from lld_study import collapse_step, summarize_run
+    """The stage's per-run table (markdown) from the runs' metrics logs under `out`. The alarms
+    are replayed from the logged metrics with this checkout's detector, as `lld_study.py`
+    does."""
+    from lld_study import collapse_step, search_summary
     from llds import metrics as keys
     from llds.diagnostics.alarms import scan_alarms
-    from llds.train.tracking import read_metrics
 
     head = f"| run | last step | collapsed at {since} | collapse step | steps collapsed "
     head += "| first fall | recovered after it "
@@ -96,22 +110,21 @@ def report(out: Path, runs: Sequence[str], since: int) -> str:
     head += f"| first critical alarm after {since} |"
     lines = [head, "|" + "---|" * 10]
     for run in runs:
-        path = out / run
-        rows = read_metrics(path)
+        rows = run_rows(out / run)
         steps, reward = [r["step"] for r in rows], [r[keys.REWARD_MEAN] for r in rows]
-        summary = summarize_run(path)
-        collapse = summary["collapse_step"]
+        collapse = collapse_step(steps, reward)
         k = sum(1 for t in steps if t <= since)
         before = collapse_step(steps[:k], reward[:k]) if k else None
         fall, recovered = first_fall_and_recovery(reward)
-        em = summary["eval_em"]
+        em = {r["step"]: r["eval/em"] for r in rows if "eval/em" in r}
         ems = " / ".join(f"{em[s]:.3f}" if s in em else "-" for s in at)
+        searches = search_summary([r.get(keys.VALID_SEARCHES) for r in rows])["last"]
         late = [a.step for a in scan_alarms(rows) if a.severity == "critical" and a.step > since]
         lines.append(
             f"| {run} | {steps[-1]} | {before or 'no'} | {collapse or 'none'} "
             f"| {0 if collapse is None else steps[-1] - collapse + 1} "
             f"| {'none' if fall is None else steps[fall]} | {'yes' if recovered else 'no'} "
-            f"| {ems} | {_fmt(summary['searches']['last'])} | {late[0] if late else 'none'} |"
+            f"| {ems} | {_fmt(searches)} | {late[0] if late else 'none'} |"
         )
     return "\n".join(lines)
 

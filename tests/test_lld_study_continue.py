@@ -49,9 +49,12 @@ def test_first_fall_and_recovery_by_hand():
     assert lld_study_continue.first_fall_and_recovery([0.15] * 10 + [0.0] * 10) == (None, False)
 
 
-def test_report_reads_a_run_collapsed_at_the_resume_step_and_after_it(tmp_path):
+@pytest.mark.parametrize("committed", [False, True])
+def test_report_reads_a_run_collapsed_at_the_resume_step_and_after_it(tmp_path, committed):
     """A run whose reward falls at step 21 and stays down to step 40: collapsed at the resume
-    step 30 and over the whole run, from step 26 (the first step whose 10-step median is 0.1)."""
+    step 30 and over the whole run, from step 26 (the first step whose 10-step median is 0.1);
+    read from the live log or from its gzipped committed copy alike."""
+    import gzip
     import json
 
     run = tmp_path / "GRPO" / "seed1"
@@ -61,7 +64,11 @@ def test_report_reads_a_run_collapsed_at_the_resume_step_and_after_it(tmp_path):
         {"step": i + 1, "reward/mean": r, "time/step": 1.0, "eval/em": 0.5}
         for i, r in enumerate(rewards)
     ]
-    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    if committed:
+        (run / "metrics.jsonl.gz").write_bytes(gzip.compress(text.encode()))
+    else:
+        (run / "metrics.jsonl").write_text(text)
     table = lld_study_continue.report(tmp_path, ["GRPO/seed1"], since=30)
     cells = [c.strip() for c in table.splitlines()[-1].strip("|").split("|")]
     assert cells[:7] == ["GRPO/seed1", "40", "26", "26", "15", "26", "no"]
