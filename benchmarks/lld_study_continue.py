@@ -99,7 +99,7 @@ def report(out: Path, runs: Sequence[str], since: int) -> str:
     """The stage's per-run table (markdown) from the runs' metrics logs under `out`. The alarms
     are replayed from the logged metrics with this checkout's detector, as `lld_study.py`
     does."""
-    from lld_study import collapse_step, search_summary
+    from lld_study import LLD_WINDOW, _median_of, collapse_step, search_summary
     from llds import metrics as keys
     from llds.diagnostics.alarms import scan_alarms
 
@@ -107,8 +107,9 @@ def report(out: Path, runs: Sequence[str], since: int) -> str:
     head += "| first fall | recovered after it "
     at = range(since, since + 301, 50)
     head += f"| held-out EM at steps {', '.join(map(str, at))} | valid searches, last 50 steps "
-    head += f"| first critical alarm after {since} |"
-    lines = [head, "|" + "---|" * 10]
+    head += f"| first critical alarm after {since} "
+    head += "| median disp_pos / frac_pos_fell, 50 steps before the collapse |"
+    lines = [head, "|" + "---|" * 11]
     for run in runs:
         rows = run_rows(out / run)
         steps, reward = [r["step"] for r in rows], [r[keys.REWARD_MEAN] for r in rows]
@@ -120,11 +121,18 @@ def report(out: Path, runs: Sequence[str], since: int) -> str:
         ems = " / ".join(f"{em[s]:.3f}" if s in em else "-" for s in at)
         searches = search_summary([r.get(keys.VALID_SEARCHES) for r in rows])["last"]
         late = [a.step for a in scan_alarms(rows) if a.severity == "critical" and a.step > since]
+        lld = "-"
+        if collapse is not None:  # the study's reading of LLD before a collapse
+            i = steps.index(collapse)
+            window = rows[max(0, i - LLD_WINDOW) : i]
+            lld = " / ".join(
+                _fmt(_median_of(window, key)) for key in (keys.DISP_POS, keys.FRAC_POS_FELL)
+            )
         lines.append(
             f"| {run} | {steps[-1]} | {before or 'no'} | {collapse or 'none'} "
             f"| {0 if collapse is None else steps[-1] - collapse + 1} "
             f"| {'none' if fall is None else steps[fall]} | {'yes' if recovered else 'no'} "
-            f"| {ems} | {_fmt(searches)} | {late[0] if late else 'none'} |"
+            f"| {ems} | {_fmt(searches)} | {late[0] if late else 'none'} | {lld} |"
         )
     return "\n".join(lines)
 

@@ -62,6 +62,7 @@ def test_report_reads_a_run_collapsed_at_the_resume_step_and_after_it(tmp_path, 
     rewards = [0.4] * 20 + [0.1] * 20
     rows = [
         {"step": i + 1, "reward/mean": r, "time/step": 1.0, "eval/em": 0.5}
+        | {"lld/disp_pos": -0.2 if i < 20 else 0.3, "lld/frac_pos_fell": 0.75}
         for i, r in enumerate(rewards)
     ]
     text = "".join(json.dumps(r) + "\n" for r in rows)
@@ -72,3 +73,5 @@ def test_report_reads_a_run_collapsed_at_the_resume_step_and_after_it(tmp_path, 
     table = lld_study_continue.report(tmp_path, ["GRPO/seed1"], since=30)
     cells = [c.strip() for c in table.splitlines()[-1].strip("|").split("|")]
     assert cells[:7] == ["GRPO/seed1", "40", "26", "26", "15", "26", "no"]
+    # the 25 steps before the collapse at step 26: 20 at -0.2, then 5 at 0.3
+    assert cells[-1] == "-0.20 / 0.75"
