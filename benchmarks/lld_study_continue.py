@@ -33,7 +33,10 @@ ARM_FILES = {"GRPO": "grpo.yaml", "GRPO_LLDS": "grpo-llds.yaml"}
 
 def run_overrides(out: Path, run: str, steps: int) -> tuple[Path, list[str]]:
     """The config file and overrides that continue `run` (`ARM_DIR/seedN`) to `steps`: the ones
-    `lld_study.py` started it with, plus the new total."""
+    `lld_study.py` started it with, plus the new total. Written out rather than taken from
+    `lld_study.arm_config`, so that continuing imports nothing of the study script and also runs
+    on the older checkout that ran the stages; a test pins the two configs equal but for
+    `steps`."""
     match = re.fullmatch(r"([A-Za-z_]+)/seed(\d+)", run)
     if match is None or match.group(1) not in ARM_FILES:
         raise ValueError(f"--runs {run!r}: expected one of {sorted(ARM_FILES)} then /seedN")
