@@ -81,10 +81,6 @@ def first_fall_and_recovery(reward: Sequence[float]) -> tuple[int | None, bool]:
     return fall, False
 
 
-def _fmt(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}"
-
-
 def run_rows(path: Path) -> list[dict]:
     """A run's metrics rows: its live log (`metrics.jsonl`) or, once committed, the gzipped copy
     (`metrics.jsonl.gz`)."""
@@ -102,7 +98,7 @@ def report(out: Path, runs: Sequence[str], since: int) -> str:
     """The stage's per-run table (markdown) from the runs' metrics logs under `out`. The alarms
     are replayed from the logged metrics with this checkout's detector, as `lld_study.py`
     does."""
-    from lld_study import LLD_WINDOW, _median_of, collapse_step, search_summary
+    from lld_study import LLD_WINDOW, _fmt, _median_of, collapse_step, search_summary
     from llds import metrics as keys
     from llds.diagnostics.alarms import scan_alarms
 
@@ -129,13 +125,13 @@ def report(out: Path, runs: Sequence[str], since: int) -> str:
             i = steps.index(collapse)
             window = rows[max(0, i - LLD_WINDOW) : i]
             lld = " / ".join(
-                _fmt(_median_of(window, key)) for key in (keys.DISP_POS, keys.FRAC_POS_FELL)
+                _fmt(_median_of(window, key), 2) for key in (keys.DISP_POS, keys.FRAC_POS_FELL)
             )
         lines.append(
             f"| {run} | {steps[-1]} | {before or 'no'} | {collapse or 'none'} "
             f"| {0 if collapse is None else steps[-1] - collapse + 1} "
             f"| {'none' if fall is None else steps[fall]} | {'yes' if recovered else 'no'} "
-            f"| {ems} | {_fmt(searches)} | {late[0] if late else 'none'} | {lld} |"
+            f"| {ems} | {_fmt(searches, 2)} | {late[0] if late else 'none'} | {lld} |"
         )
     return "\n".join(lines)
 

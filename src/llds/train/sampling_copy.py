@@ -12,12 +12,12 @@ using the policy itself.
 from __future__ import annotations
 
 import contextlib
-import copy
 from typing import TYPE_CHECKING
 
 import torch
 
 from llds.errors import ConfigError
+from llds.train.setup import frozen_copy
 
 if TYPE_CHECKING:
     from torch import nn
@@ -30,10 +30,7 @@ def make_sampling_copy(model: nn.Module, dtype: str, attn_implementation: str | 
     kernel when `attn_implementation` is given."""
     if dtype not in DTYPES:
         raise ConfigError(f"rollout.dtype: {dtype!r} is none of {', '.join(DTYPES)}")
-    clone = copy.deepcopy(model).to(DTYPES[dtype])
-    clone.eval()
-    for p in clone.parameters():
-        p.requires_grad_(False)
+    clone = frozen_copy(model, DTYPES[dtype])
     if attn_implementation is not None:
         _set_attention(clone, attn_implementation)
     return clone
