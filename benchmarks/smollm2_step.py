@@ -17,6 +17,9 @@ log-prob pass). Arms:
   bf16 copy of the policy with eager attention (`rollout.dtype: bfloat16`,
   `rollout.attn_implementation: eager`), refreshed after the update: its decode and the refresh
   are timed, its passes and update are the bf16 arm's of the same round (the same code);
+- `written only, bf16, bf16 copy, grouped attention`: the same with
+  `rollout.attn_implementation: llds_grouped` (grouped-query attention over a preallocated KV
+  cache, `llds.models.grouped_attention`);
 - `LoRA`: `written only` with peft adapters (r 16 on the attention and MLP projections), the
   base frozen: fewer optimizer states and no base-weight gradients.
 
@@ -55,8 +58,10 @@ from llds.train.sampling_copy import make_sampling_copy, refresh_sampling_copy
 ARMS = ("full head", "written only", "written only, bf16", "LoRA")
 TIMED = ARMS[:3]  # alternate in one process; LoRA is timed once in its own
 COPY_ARM = "written only, bf16, bf16 sampling copy"
-"""`written only, bf16` sampling from a bf16 copy with eager attention (`rollout.dtype`,
-`rollout.attn_implementation`): its decode and the copy's refresh are timed; its passes and
+GROUPED_ARM = "written only, bf16, bf16 copy, grouped attention"
+COPY_KERNELS = {COPY_ARM: "eager", GROUPED_ARM: "llds_grouped"}
+"""`written only, bf16` sampling from a bf16 copy (`rollout.dtype`) with this attention kernel
+(`rollout.attn_implementation`): its decode and the copy's refresh are timed; its passes and
 update are the `written only, bf16` arm's of the same round (the same code on the same policy)"""
 
 
@@ -144,7 +149,7 @@ def prepare(arm: str, model):
 
         model = attach_lora(model, LoRAConfig())
     params = [p for p in model.parameters() if p.requires_grad]
-    return model, torch.optim.AdamW(params, lr=1e-6), sum(p.numel() for p in params)
+    return model, torch.optim.AdamW(params, lr=1e-6, fused=True), sum(p.numel() for p in params)
 
 
 def _status_gb(field: str) -> float:
@@ -182,16 +187,19 @@ def decode_seconds(model, batch, tokens: int = 64, arm: str = "") -> float:
     for a sampling copy, which computes in its stored dtype)."""
     import contextlib
 
+    from llds.models.grouped_attention import decode_cache_for
     from llds.models.kv_cache import cache_argument, returned_cache
 
     model.eval()
     p = batch.prompt_len
     ids, mask = batch.input_ids[:, :p], batch.attention_mask[:, :p]
-    region = contextlib.nullcontext() if arm == COPY_ARM else precision(arm).autocast()
+    region = contextlib.nullcontext() if arm in COPY_KERNELS else precision(arm).autocast()
+    name = cache_argument(model)
     with torch.no_grad(), region:
-        out = model(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=1)
+        own = decode_cache_for(model)  # the engine's choice: a slab for grouped attention
+        first = {} if own is None else {name: own}
+        out = model(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=1, **first)
         cache, nxt = returned_cache(out), out.logits[:, -1:].argmax(-1)
-        name = cache_argument(model)
         t0 = time.perf_counter()
         for _ in range(tokens):
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
@@ -245,13 +253,14 @@ def main() -> None:
     model, _, batch = build_batch(args.questions, args.group)
     written = int(batch.loss_mask.sum())
     columns = int(batch.attention_mask[:, batch.prompt_len :].sum())
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True)  # as the trainer's
     times: dict[str, dict[str, list[float]]] = {
         a: {"update": [], "log_prob_pass": [], "decode": [], "step": []} for a in TIMED
     }
-    times[COPY_ARM] = {"update": [], "log_prob_pass": [], "decode": [], "step": [], "refresh": []}
+    for arm in COPY_KERNELS:
+        times[arm] = {"update": [], "log_prob_pass": [], "decode": [], "step": [], "refresh": []}
     update(model, opt, batch, args.mini_batches, True)  # warm-up: allocator, optimizer state
-    clone = make_sampling_copy(model, "bfloat16", "eager")
+    clones = {a: make_sampling_copy(model, "bfloat16", k) for a, k in COPY_KERNELS.items()}
     for _ in range(args.repeats):
         for arm in TIMED:
             only = arm != "full head"
@@ -262,15 +271,17 @@ def main() -> None:
             # the round's step at equal work: the same decode, passes and update in every arm
             passes = passes_per_step(arm) * t["log_prob_pass"][-1]
             t["step"].append(t["decode"][-1] + passes + t["update"][-1])
-        t, bf16 = times[COPY_ARM], times["written only, bf16"]
-        t0 = time.perf_counter()
-        refresh_sampling_copy(model, clone)  # after the round's updates, as the trainer does
-        t["refresh"].append(time.perf_counter() - t0)
-        t["decode"].append(decode_seconds(clone, batch, args.decode_tokens, COPY_ARM))
-        t["update"].append(bf16["update"][-1])
-        t["log_prob_pass"].append(bf16["log_prob_pass"][-1])
-        passes = passes_per_step(COPY_ARM) * t["log_prob_pass"][-1]
-        t["step"].append(t["refresh"][-1] + t["decode"][-1] + passes + t["update"][-1])
+        bf16 = times["written only, bf16"]
+        for arm, clone in clones.items():
+            t = times[arm]
+            t0 = time.perf_counter()
+            refresh_sampling_copy(model, clone)  # after the round's updates, as the trainer does
+            t["refresh"].append(time.perf_counter() - t0)
+            t["decode"].append(decode_seconds(clone, batch, args.decode_tokens, arm))
+            t["update"].append(bf16["update"][-1])
+            t["log_prob_pass"].append(bf16["log_prob_pass"][-1])
+            passes = passes_per_step(arm) * t["log_prob_pass"][-1]
+            t["step"].append(t["refresh"][-1] + t["decode"][-1] + passes + t["update"][-1])
 
     memory: dict[str, dict[str, Any]] = {}
     if not args.no_memory:
@@ -320,7 +331,7 @@ def main() -> None:
     print("| arm | decode | tokens/s | passes | update | step | vs full head |")
     print("|---|---|---|---|---|---|---|")
     base = med["full head"]["step"]
-    for arm in (*TIMED, COPY_ARM):
+    for arm in (*TIMED, *COPY_KERNELS):
         m = med[arm]
         refresh = f" + refresh {m['refresh']:.2f} s" if "refresh" in m else ""
         print(
@@ -329,7 +340,7 @@ def main() -> None:
             f"| {passes_per_step(arm)} x {m['log_prob_pass']:.1f} s | {m['update']:.1f} s "
             f"| {m['step']:.1f} s | {base / m['step']:.2f}x |"
         )
-    for arm in ("written only, bf16", COPY_ARM):
+    for arm in ("written only, bf16", *COPY_KERNELS):
         rounds = zip(times["full head"]["step"], times[arm]["step"], strict=True)
         print(
             f"every round's step, full head / {arm}: "

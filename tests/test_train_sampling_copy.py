@@ -64,7 +64,10 @@ def test_rollout_logprobs_are_refused_with_a_copy(tmp_path, small_world, world_t
         load_config(cfg, ["rollout.dtype=bfloat16", "algo.old_logprobs=rollout"])
 
 
-def test_trainer_samples_from_a_refreshed_copy(tmp_path, small_world, world_tokenizer, monkeypatch):
+@pytest.mark.parametrize("kernel", ["eager", "llds_grouped"])
+def test_trainer_samples_from_a_refreshed_copy(
+    kernel, tmp_path, small_world, world_tokenizer, monkeypatch
+):
     """Two steps with nonzero advantages move the float32 policy; the engine's model is the bf16
     copy, equal to the moved policy rounded to bf16, and pi_old was recomputed (a float32 run
     without LLDS would otherwise take it from the rollout)."""
@@ -75,7 +78,7 @@ def test_trainer_samples_from_a_refreshed_copy(tmp_path, small_world, world_toke
         tmp_path, small_world, world_tokenizer, steps=2, save_every=2, optim={"lr": 1e-2}
     )
     overrides = [f"run_dir={tmp_path / 'run'}", "rollout.dtype=bfloat16"]
-    overrides += ["rollout.attn_implementation=eager", "algo.llds.coef=0"]
+    overrides += [f"rollout.attn_implementation={kernel}", "algo.llds.coef=0"]
     tr = GRPOTrainer(load_config(cfg_path, overrides))
     start = {n: p.detach().clone() for n, p in tr.model.named_parameters()}
     rows = tr.train()
@@ -89,7 +92,7 @@ def test_trainer_samples_from_a_refreshed_copy(tmp_path, small_world, world_toke
         moved += not torch.equal(p, start[name].to(torch.bfloat16))
     assert moved > 0
     assert [r["policy/old_logprobs_from_rollout"] for r in rows] == [0.0, 0.0]
-    assert tr.sampler.config._attn_implementation == "eager"
+    assert tr.sampler.config._attn_implementation == kernel
 
 
 def test_lora_policy_copy_carries_the_trained_adapters(

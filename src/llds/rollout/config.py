@@ -11,6 +11,7 @@ ATTENTION_IMPLEMENTATIONS = (
     "flash_attention_2",
     "flash_attention_3",
     "flex_attention",
+    "llds_grouped",  # llds.models.grouped_attention.GROUPED_ATTENTION
 )
 
 
@@ -52,7 +53,9 @@ class RolloutConfig:
     attn_implementation: str | None = None
     """attention kernel of the sampling copy (needs `dtype`): a transformers
     `attn_implementation`, e.g. `eager`, which decoded bf16 faster than `sdpa` on the CPU
-    measured (benchmarks/README.md); None keeps the policy's"""
+    measured, or `llds_grouped`, llds's grouped-query attention over a preallocated KV cache,
+    faster still there (`llds.models.grouped_attention`; full-attention models only; for CPUs:
+    on a GPU, `sdpa` or flash attention); None keeps the policy's"""
 
     def validate(self) -> None:
         from llds.errors import ConfigError

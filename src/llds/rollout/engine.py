@@ -111,6 +111,10 @@ class RolloutEngine:
                 mask[i, width - len(f) :] = 1
         full_mask = mask if cache_mask is None else torch.cat([cache_mask, mask], dim=1)
         positions = (full_mask.cumsum(-1) - 1).clamp(min=0)[:, -width:]
+        if cache is None:  # the model builds its own, unless its attention needs ours
+            from llds.models.grouped_attention import decode_cache_for  # imports transformers
+
+            cache = decode_cache_for(self.model)
         out = self.model(
             input_ids=ids,
             attention_mask=full_mask,

@@ -3,7 +3,8 @@
 Why a copy: with `model.dtype: bfloat16` the policy keeps float32 master weights and runs its
 matrix products in bf16 through autocast. For decoding, one forward per token, that was measured
 to be no faster than float32 on a CPU, while sampling from a copy stored in bf16 (no autocast)
-was 1.47-1.55x faster there and 1.15-1.17x faster on one GPU (benchmarks/README.md). The copy is
+was 1.3-1.5x faster there (1.6-1.7x with `llds_grouped` attention) and 1.15-1.17x faster on one
+GPU (benchmarks/README.md). The copy is
 refreshed from the trained weights after every update, so it always holds the current policy,
 rounded to its dtype. The training forward (pi_old, the update, the displacement pass) keeps
 using the policy itself.
@@ -52,9 +53,18 @@ def _set_attention(model: nn.Module, name: str) -> None:
     """Switch the transformers model inside `model` (wrappers such as peft included)."""
     from transformers import PreTrainedModel
 
+    from llds.models.grouped_attention import (
+        GROUPED_ATTENTION,
+        check_full_attention,
+        register_grouped_attention,
+    )
+
     for module in model.modules():
         if isinstance(module, PreTrainedModel):
             try:
+                if name == GROUPED_ATTENTION:
+                    register_grouped_attention()
+                    check_full_attention(module)
                 module.set_attn_implementation(name)
             except (ValueError, ImportError) as exc:
                 raise ConfigError(f"rollout.attn_implementation: {name!r}: {exc}") from None
