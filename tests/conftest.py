@@ -36,6 +36,24 @@ def make_tiny_model(tokenizer, *, seed: int = 0, hidden: int = 64, layers: int =
     return tiny_causal_lm_for(tokenizer, hidden_size=hidden, num_layers=layers, seed=seed)
 
 
+def rollout_requests(world, tok, n=12, group=3):
+    """`n` rollout requests: the first `n // group` training questions, `group` rows each."""
+    from llds.env.prompts import build_prompt_ids
+    from llds.rollout import RolloutRequest
+
+    qs = world.train[: n // group]
+    return [
+        RolloutRequest(
+            build_prompt_ids(tok, q.question, "Question: {question}\n"),
+            q.id,
+            f"{q.id}#0",
+            q.answers,
+        )
+        for q in qs
+        for _ in range(group)
+    ]
+
+
 def tag_happy(model, tokenizer, bias: float = 4.0):
     """Give a random tiny model an output bias towards the protocol tags, so that short sampled
     rollouts search, answer and make invalid actions often enough to exercise every branch."""

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers.models.llama.modeling_llama import eager_attention_forward
 
-from conftest import make_tiny_model, tag_happy
+from conftest import make_tiny_model, rollout_requests, tag_happy
 from llds.errors import ConfigError
 from llds.models.grouped_attention import (
     CHUNK,
@@ -21,7 +21,6 @@ from llds.models.tiny import tiny_causal_lm
 from llds.rollout import RolloutConfig, RolloutEngine
 from llds.rollout.config import ATTENTION_IMPLEMENTATIONS
 from llds.train.sampling_copy import make_sampling_copy
-from test_rollout_engine import _requests
 
 
 class _Heads(torch.nn.Module):
@@ -151,7 +150,7 @@ def test_engine_rollouts_equal_eagers(small_world, world_tokenizer, world_retrie
     rows longer than one slab chunk and rows that finish early."""
     tok = world_tokenizer
     model = tag_happy(make_tiny_model(tok, seed=3), tok)
-    reqs = _requests(small_world, tok, n=12)
+    reqs = rollout_requests(small_world, tok, n=12)
     cfg = RolloutConfig(
         max_turns=2, max_turn_tokens=64, max_obs_tokens=48, max_total_tokens=320, topk=2
     )

@@ -7,26 +7,12 @@ import dataclasses
 import pytest
 import torch
 
-from conftest import make_tiny_model, tag_happy
+from conftest import make_tiny_model, rollout_requests, tag_happy
 from llds.env.actions import parse_action
 from llds.env.observation import information_block, invalid_action_message
 from llds.env.prompts import build_prompt_ids
 from llds.env.rewards import FormatRewardConfig, exact_match
 from llds.rollout import RolloutConfig, RolloutEngine, RolloutRequest
-
-
-def _requests(world, tok, n=12, group=3):
-    qs = world.train[: n // group]
-    return [
-        RolloutRequest(
-            build_prompt_ids(tok, q.question, "Question: {question}\n"),
-            q.id,
-            f"{q.id}#0",
-            q.answers,
-        )
-        for q in qs
-        for _ in range(group)
-    ]
 
 
 def _generate(model, tok, retriever, reqs, seed=0, **cfg):
@@ -40,7 +26,7 @@ def _generate(model, tok, retriever, reqs, seed=0, **cfg):
 @pytest.fixture(scope="module")
 def happy_batch(small_world, world_tokenizer, world_retriever):
     model = tag_happy(make_tiny_model(world_tokenizer, seed=1), world_tokenizer)
-    reqs = _requests(small_world, world_tokenizer, n=24)
+    reqs = rollout_requests(small_world, world_tokenizer, n=24)
     batch, engine = _generate(model, world_tokenizer, world_retriever, reqs)
     return batch, engine, model, reqs
 
@@ -136,7 +122,7 @@ def test_kv_reuse_gives_the_same_rollouts_with_less_prefill(
 ):
     tok = world_tokenizer
     model = _eos_happy(tag_happy(make_tiny_model(tok, seed=2), tok), tok, bias=3.0)
-    reqs = _requests(small_world, tok, n=12)
+    reqs = rollout_requests(small_world, tok, n=12)
     a, ea = _generate(model, tok, world_retriever, reqs, kv_reuse=True)
     b, eb = _generate(model, tok, world_retriever, reqs, kv_reuse=False)
     assert torch.equal(a.input_ids, b.input_ids)
@@ -155,7 +141,7 @@ def test_kv_reuse_gives_the_same_rollouts_with_less_prefill(
 
 def test_batched_greedy_equals_one_row_at_a_time(small_world, world_tokenizer, world_retriever):
     model = tag_happy(make_tiny_model(world_tokenizer, seed=4), world_tokenizer, bias=3.0)
-    reqs = _requests(small_world, world_tokenizer, n=6, group=1)
+    reqs = rollout_requests(small_world, world_tokenizer, n=6, group=1)
     together, _ = _generate(model, world_tokenizer, world_retriever, reqs, temperature=0.0)
     for i, req in enumerate(reqs):
         alone, _ = _generate(model, world_tokenizer, world_retriever, [req], temperature=0.0)
@@ -164,7 +150,7 @@ def test_batched_greedy_equals_one_row_at_a_time(small_world, world_tokenizer, w
 
 def test_max_rows_chunks_keep_order_and_count(small_world, world_tokenizer, world_retriever):
     model = make_tiny_model(world_tokenizer, seed=5)
-    reqs = _requests(small_world, world_tokenizer, n=7, group=1)
+    reqs = rollout_requests(small_world, world_tokenizer, n=7, group=1)
     batch, _ = _generate(
         model,
         world_tokenizer,
@@ -193,7 +179,7 @@ def test_seeded_rollouts_do_not_depend_on_batch_mates(
     small_world, world_tokenizer, world_retriever
 ):
     model = tag_happy(make_tiny_model(world_tokenizer, seed=6), world_tokenizer)
-    base = _requests(small_world, world_tokenizer, n=6, group=2)
+    base = rollout_requests(small_world, world_tokenizer, n=6, group=2)
     reqs = [dataclasses.replace(r, seed=100 + i) for i, r in enumerate(base)]
     together, _ = _generate(model, world_tokenizer, world_retriever, reqs)
     shuffled = [reqs[i] for i in (4, 1, 5, 0, 3, 2)]
@@ -208,7 +194,7 @@ def test_seeded_rollouts_do_not_depend_on_batch_mates(
 def test_single_turn_without_retriever_gives_fixed_length_turns(small_world, world_tokenizer):
     tok = world_tokenizer
     model = _eos_happy(tag_happy(make_tiny_model(tok, seed=7), tok, bias=6.0), tok, bias=6.0)
-    reqs = _requests(small_world, tok, n=12)
+    reqs = rollout_requests(small_world, tok, n=12)
     free, _ = _generate(model, tok, None, reqs, max_turns=0, max_turn_tokens=16)
     lengths = [len(e.response_ids) for e in free.episodes]
     assert min(lengths) < 16  # without a minimum, EOS and stop tags end turns early
@@ -228,7 +214,7 @@ def test_single_turn_without_retriever_gives_fixed_length_turns(small_world, wor
 def test_min_turn_tokens_only_delays_the_end(small_world, world_tokenizer):
     tok = world_tokenizer
     model = _eos_happy(tag_happy(make_tiny_model(tok, seed=8), tok, bias=6.0), tok, bias=6.0)
-    reqs = _requests(small_world, tok, n=9)
+    reqs = rollout_requests(small_world, tok, n=9)
     batch, _ = _generate(model, tok, None, reqs, max_turns=0, max_turn_tokens=24, min_turn_tokens=5)
     lengths = [len(e.response_ids) for e in batch.episodes]
     assert min(lengths) >= 5 and min(lengths) < 24  # ends after the minimum, not only at the cap
@@ -255,7 +241,7 @@ def test_rollout_log_probs_equal_the_trainers_recompute(
 
     tok = world_tokenizer
     model = _eos_happy(tag_happy(make_tiny_model(tok, seed=9), tok), tok, bias=3.0)
-    base = _requests(small_world, tok, n=12, group=3)
+    base = rollout_requests(small_world, tok, n=12, group=3)
     reqs = [dataclasses.replace(r, seed=500 + i) for i, r in enumerate(base)]
     temp = 0.7
     batch, _ = _generate(
@@ -294,7 +280,7 @@ def test_groups_share_one_prefill_with_unchanged_rollouts(
 ):
     tok = world_tokenizer
     model = tag_happy(make_tiny_model(tok, seed=10), tok)
-    base = _requests(small_world, tok, n=8, group=4)
+    base = rollout_requests(small_world, tok, n=8, group=4)
     reqs = [dataclasses.replace(r, seed=900 + i) for i, r in enumerate(base)]
     grouped, eg = _generate(model, tok, world_retriever, reqs, max_turns=1)
     alone, ea = _generate(model, tok, world_retriever, reqs, max_turns=1, max_rows=1)

@@ -54,8 +54,8 @@ class RolloutConfig:
     """attention kernel of the sampling copy (needs `dtype`): a transformers
     `attn_implementation`, e.g. `eager`, which decoded bf16 faster than `sdpa` on the CPU
     measured, or `llds_grouped`, llds's grouped-query attention over a preallocated KV cache,
-    faster still there (`llds.models.grouped_attention`; full-attention models only; for CPUs:
-    on a GPU, `sdpa` or flash attention); None keeps the policy's"""
+    faster still there (`llds.models.grouped_attention`; full-attention models only; measured
+    on a CPU only); None keeps the policy's"""
 
     def validate(self) -> None:
         from llds.errors import ConfigError
