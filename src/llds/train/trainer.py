@@ -345,15 +345,13 @@ class GRPOTrainer:
             raise failure or RetrievalServiceError(None, "the retriever failed on another rank")
         return batch
 
-    def train_step(self) -> dict[str, Any]:
-        cfg = self.cfg
-        k = self.step
-        t0 = time.perf_counter()
+    def step_requests(self, k: int) -> list[RolloutRequest]:
+        """The rollout requests of step `k` on this rank: its questions, in whole groups. Every
+        rollout has its own sampling stream, so a step's rollouts are the same on any number of
+        processes."""
+        cfg, g = self.cfg, self.cfg.rollout.group_size
         examples = self.stream.take(k * cfg.prompts_per_step, cfg.prompts_per_step)
-        g = cfg.rollout.group_size
-        # this rank's questions, whole groups; every rollout has its own sampling stream, so the
-        # step's rollouts are the same on any number of processes
-        requests = [
+        return [
             RolloutRequest(
                 self._prompt_ids(examples[j]),
                 examples[j].id,
@@ -364,7 +362,12 @@ class GRPOTrainer:
             for j in self.dist.shard(len(examples))
             for i in range(g)
         ]
-        batch = self._generate_on_every_rank(requests)
+
+    def train_step(self) -> dict[str, Any]:
+        cfg = self.cfg
+        k = self.step
+        t0 = time.perf_counter()
+        batch = self._generate_on_every_rank(self.step_requests(k))
         t_rollout = time.perf_counter() - t0
 
         adv = group_advantages(batch.rewards, batch.group_ids, normalize_std=cfg.algo.normalize_std)
@@ -392,7 +395,8 @@ class GRPOTrainer:
         self.model.train()
         # each local row's index in the step's global batch (question j, rollout i), so that
         # mini-batches are drawn from the global batch as a single process would draw them
-        global_rows = [j * g + i for j in self.dist.shard(len(examples)) for i in range(g)]
+        g = cfg.rollout.group_size
+        global_rows = [j * g + i for j in self.dist.shard(cfg.prompts_per_step) for i in range(g)]
         update_stats = self.updater.run(
             batch, adv, old_logp, ref_logp, k, global_rows, llds_coef=self._llds_coef()
         )
