@@ -1,9 +1,8 @@
 """A decode-friendly attention for sampling on a CPU: grouped queries over a preallocated cache.
 
-Why: a bf16 sampling copy decoding one token per row spends about a third of each step outside
-its weight matrix products, measured on a 2-core CPU (benchmarks/README.md). Most of it is two
-copies per layer and token that transformers' eager attention and `DynamicCache` make and
-nothing needs:
+Why: a bf16 sampling copy decoding one token per row spent about a third of each token step
+(8 rows, 256 tokens, a 2-core CPU; benchmarks/README.md) in two copies per layer and token that
+transformers' eager attention and `DynamicCache` make and nothing needs:
 
 - `DynamicCache` concatenates every new key/value onto the old ones, so each token step
   rewrites the whole cache of every layer (and allocates it anew);
@@ -32,6 +31,8 @@ from torch import nn
 from transformers import AttentionInterface
 from transformers.cache_utils import Cache, DynamicLayer
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+from llds.models.kv_cache import transformers_model_in
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -140,31 +141,24 @@ class SlabCache(Cache):
 def decode_cache_for(model: nn.Module) -> Cache | None:
     """A fresh `SlabCache` when the transformers model in `model` uses `GROUPED_ATTENTION`;
     None otherwise (the model then builds its own cache)."""
-    from transformers import PreTrainedModel
-
-    for module in model.modules():
-        if isinstance(module, PreTrainedModel):
-            if getattr(module.config, "_attn_implementation", None) == GROUPED_ATTENTION:
-                return SlabCache()
-            return None
+    inner = transformers_model_in(model)
+    if inner is not None and getattr(inner.config, "_attn_implementation", None) == (
+        GROUPED_ATTENTION
+    ):
+        return SlabCache()
     return None
 
 
-def check_full_attention(model: nn.Module) -> None:
-    """Refuse models with sliding-window or other non-full attention layers, which a slab that
-    keeps every position does not serve. Raises ValueError naming the layer types."""
-    from transformers import PreTrainedModel
-
-    for module in model.modules():
-        if isinstance(module, PreTrainedModel):
-            text = module.config.get_text_config(decoder=True)
-            kinds = set(getattr(text, "layer_types", None) or ["full_attention"])
-            window = getattr(text, "sliding_window", None)
-            if not getattr(text, "use_sliding_window", True):
-                window = None
-            if kinds != {"full_attention"} or window:
-                raise ValueError(
-                    f"{GROUPED_ATTENTION} serves full attention only; this model's layers are "
-                    f"{sorted(kinds)} (sliding_window={window})"
-                )
-            return
+def check_full_attention(config: Any) -> None:
+    """Refuse a model config with sliding-window or other non-full attention layers, which a
+    slab that keeps every position does not serve. Raises ValueError naming the layer types."""
+    text = config.get_text_config(decoder=True)
+    kinds = set(getattr(text, "layer_types", None) or ["full_attention"])
+    window = getattr(text, "sliding_window", None)
+    if not getattr(text, "use_sliding_window", True):
+        window = None
+    if kinds != {"full_attention"} or window:
+        raise ValueError(
+            f"{GROUPED_ATTENTION} serves full attention only; this model's layers are "
+            f"{sorted(kinds)} (sliding_window={window})"
+        )

@@ -21,22 +21,26 @@ NEW_NAME = "cache"
 OLD_NAME = "past_key_values"
 
 
-def _innermost_forward(model: nn.Module):
-    """The forward of the model that owns the weights, past wrappers that take `**kwargs`.
+def transformers_model_in(model: nn.Module) -> Any | None:
+    """The transformers model that owns the weights, past the wrappers around it.
 
     PEFT models, DDP and `torch.compile` wrap a transformers model in a module whose forward
-    passes keyword arguments through, so its signature says nothing about the name. The first
-    module (in `modules()` order, the outermost first) whose class is a transformers
-    `PreTrainedModel` is the one whose forward finally reads the argument.
+    passes keyword arguments through. The first module (in `modules()` order, the outermost
+    first) whose class is a transformers `PreTrainedModel` is the one whose forward finally
+    reads them and whose config says how it runs. None for a model outside transformers.
     """
     try:
         from transformers import PreTrainedModel
-    except ImportError:  # a model outside transformers: its own forward decides
-        return type(model).forward
-    for module in model.modules():
-        if isinstance(module, PreTrainedModel):
-            return type(module).forward
-    return type(model).forward
+    except ImportError:
+        return None
+    return next((m for m in model.modules() if isinstance(m, PreTrainedModel)), None)
+
+
+def _innermost_forward(model: nn.Module):
+    """The forward that reads the cache argument: the inner transformers model's, else the
+    model's own (the wrappers' signatures say nothing about the name)."""
+    inner = transformers_model_in(model)
+    return type(model if inner is None else inner).forward
 
 
 def cache_argument(model: nn.Module) -> str:

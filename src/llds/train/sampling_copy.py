@@ -51,25 +51,24 @@ def sampling_context(clone_dtype: str | None, autocast: contextlib.AbstractConte
 
 def _set_attention(model: nn.Module, name: str) -> None:
     """Switch the transformers model inside `model` (wrappers such as peft included)."""
-    from transformers import PreTrainedModel
-
     from llds.models.grouped_attention import (
         GROUPED_ATTENTION,
         check_full_attention,
         register_grouped_attention,
     )
+    from llds.models.kv_cache import transformers_model_in
 
-    for module in model.modules():
-        if isinstance(module, PreTrainedModel):
-            try:
-                if name == GROUPED_ATTENTION:
-                    register_grouped_attention()
-                    check_full_attention(module)
-                module.set_attn_implementation(name)
-            except (ValueError, ImportError) as exc:
-                raise ConfigError(f"rollout.attn_implementation: {name!r}: {exc}") from None
-            return
-    raise ConfigError(
-        f"rollout.attn_implementation: the policy ({type(model).__name__}) is not a transformers "
-        "model, so its attention kernel cannot be chosen; leave rollout.attn_implementation unset"
-    )
+    inner = transformers_model_in(model)
+    if inner is None:
+        raise ConfigError(
+            f"rollout.attn_implementation: the policy ({type(model).__name__}) is not a "
+            "transformers model, so its attention kernel cannot be chosen; leave "
+            "rollout.attn_implementation unset"
+        )
+    try:
+        if name == GROUPED_ATTENTION:
+            register_grouped_attention()
+            check_full_attention(inner.config)
+        inner.set_attn_implementation(name)
+    except (ValueError, ImportError) as exc:
+        raise ConfigError(f"rollout.attn_implementation: {name!r}: {exc}") from None
