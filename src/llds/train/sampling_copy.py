@@ -18,20 +18,19 @@ from typing import TYPE_CHECKING
 import torch
 
 from llds.errors import ConfigError
+from llds.train.precision import COMPUTE_DTYPES
 from llds.train.setup import frozen_copy
 
 if TYPE_CHECKING:
     from torch import nn
 
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-
 
 def make_sampling_copy(model: nn.Module, dtype: str, attn_implementation: str | None) -> nn.Module:
     """A frozen copy of `model` in `dtype` (eval mode, no gradients), with its own attention
     kernel when `attn_implementation` is given."""
-    if dtype not in DTYPES:
-        raise ConfigError(f"rollout.dtype: {dtype!r} is none of {', '.join(DTYPES)}")
-    clone = frozen_copy(model, DTYPES[dtype])
+    if dtype not in COMPUTE_DTYPES:  # the dtype names model.dtype takes, less auto
+        raise ConfigError(f"rollout.dtype: {dtype!r} is none of {', '.join(COMPUTE_DTYPES)}")
+    clone = frozen_copy(model, getattr(torch, dtype))
     if attn_implementation is not None:
         _set_attention(clone, attn_implementation)
     return clone
