@@ -100,7 +100,7 @@ def single_turn_config(
 
 def finished(cfg) -> bool:
     """Whether the training run of `cfg` (a `TrainConfig`) has logged its last step."""
-    from llds.train.tracking import read_metrics
+    from llds.runs.tracking import read_metrics
 
     rows = read_metrics(cfg.run_dir)  # [] when the run has not started
     return bool(rows) and rows[-1]["step"] >= cfg.steps

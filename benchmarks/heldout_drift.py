@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine, run_unfinished
 from lld_study import ARMS, COLORS, arm_config, run_dir
 from llds.io import write_json
-from llds.train.tracking import read_metrics
+from llds.runs.tracking import read_metrics
 
 HELD_OUT = 120  # the study's held-out questions (its `data.eval_limit`)
 TOKEN_BUDGET = 16384
@@ -139,7 +139,7 @@ def greedy_batch(model, tokenizer, held: HeldOut):
 def measure(model_dir: Path, held: HeldOut, reference) -> dict[str, Any]:
     """The reference chains' log-likelihood parts under `model_dir`, and its own greedy EM."""
     from llds.models.hf import load_policy
-    from llds.train.forward import batched_log_probs
+    from llds.policy.forward import batched_log_probs
 
     model, tok = load_policy(model_dir)
     logp, _ = batched_log_probs(model, reference, TOKEN_BUDGET)

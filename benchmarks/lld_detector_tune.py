@@ -26,9 +26,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from lld_study import ARMS, SEED_SETS, collapse_step, run_dir
 from llds import metrics as keys
-from llds.diagnostics.alarms import AlarmConfig, scan_alarms
-from llds.diagnostics.phases import PhaseConfig
-from llds.train.tracking import read_metrics
+from llds.monitor.alarms import AlarmConfig, scan_alarms
+from llds.monitor.phases import PhaseConfig
+from llds.runs.tracking import read_metrics
 
 GRID: dict[str, tuple[Any, ...]] = {
     "disp_window": (10, 20, 30),

@@ -36,12 +36,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import finished, machine, run_unfinished
 from llds import metrics as keys
-from llds.diagnostics.alarms import scan_alarms
 from llds.env.rewards import normalize_answer
 from llds.env.tags import INFO_CLOSE, INFO_OPEN
+from llds.monitor.alarms import scan_alarms
+from llds.runs.eval_result import EvalRecord, EvalResult, eval_file
+from llds.runs.tracking import read_metrics
 from llds.train.config import TrainConfig, load_config
-from llds.train.eval_result import EvalRecord, EvalResult, eval_file
-from llds.train.tracking import read_metrics
 
 HERE = Path(__file__).resolve().parent / "lld_study"
 ARMS: dict[str, str] = {
@@ -190,7 +190,7 @@ def probe_final(model_dir: Path, demo: Path, out: Path) -> dict[str, Any]:
     cached = out / "probe.json"
     if cached.is_file():
         return json.loads(cached.read_text())
-    from llds.diagnostics.probe import ProbeConfig, probe_model
+    from llds.probe.one_step import ProbeConfig, probe_model
 
     cfg = ProbeConfig(
         model=str(model_dir),

@@ -55,7 +55,7 @@ def run_overrides(out: Path, run: str, steps: int) -> tuple[Path, list[str]]:
 
 def last_step(run_dir: Path) -> int:
     """The last step in the run's metrics log (0 when there is none)."""
-    from llds.train.tracking import read_metrics
+    from llds.runs.tracking import read_metrics
 
     if not (run_dir / "metrics.jsonl").is_file():
         return 0
@@ -85,7 +85,7 @@ def run_rows(path: Path) -> list[dict]:
     """A run's metrics rows: its live log (`metrics.jsonl`) or, once committed, the gzipped copy
     (`metrics.jsonl.gz`)."""
     from _common import read_committed_metrics
-    from llds.train.tracking import read_metrics
+    from llds.runs.tracking import read_metrics
 
     if (path / "metrics.jsonl").is_file():
         return read_metrics(path)
@@ -100,7 +100,7 @@ def report(out: Path, runs: Sequence[str], since: int) -> str:
     does."""
     from lld_study import LLD_WINDOW, _fmt, _median_of, collapse_step, search_summary
     from llds import metrics as keys
-    from llds.diagnostics.alarms import scan_alarms
+    from llds.monitor.alarms import scan_alarms
 
     head = f"| run | last step | collapsed at {since} | collapse step | steps collapsed "
     head += "| first fall | recovered after it "

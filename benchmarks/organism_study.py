@@ -29,12 +29,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine
-from llds.diagnostics.alarms import scan_alarms
-from llds.diagnostics.plots import moving_average
+from llds.monitor.alarms import scan_alarms
+from llds.report.plots import moving_average
+from llds.runs.eval_result import EvalResult, eval_file
+from llds.runs.tracking import read_metrics
 from llds.train.background import run_queue
 from llds.train.config import TrainConfig, load_config
-from llds.train.eval_result import EvalResult, eval_file
-from llds.train.tracking import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 ARMS: dict[str, tuple[str, list[str]]] = {

@@ -29,9 +29,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from llds.data.loaders import load_examples
     from llds.demo import TEMPLATE, _rollout_cfg
-    from llds.diagnostics.reference import ReferenceChains
     from llds.env.prompts import build_prompt_ids
     from llds.models.hf import load_policy
+    from llds.probe.reference import ReferenceChains
     from llds.retrieval.factory import open_retriever
     from llds.rollout import RolloutEngine, RolloutRequest
 

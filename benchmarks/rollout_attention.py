@@ -29,10 +29,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine
+from llds.policy.sampling_copy import make_sampling_copy
 from llds.retrieval.factory import build_retriever, corpus_passages
 from llds.rollout import RolloutEngine
 from llds.train.config import load_config
-from llds.train.sampling_copy import make_sampling_copy
 from llds.train.trainer import GRPOTrainer
 
 KERNELS = ("eager", "llds_grouped")

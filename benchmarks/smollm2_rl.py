@@ -39,9 +39,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine, run_unfinished
 from llds import metrics as keys
+from llds.runs.eval_result import EvalResult, eval_file, eval_files
+from llds.runs.tracking import read_metrics
 from llds.train.config import TrainConfig, load_config
-from llds.train.eval_result import EvalResult, eval_file, eval_files
-from llds.train.tracking import read_metrics
 
 TRAIN_LISTS = ("worldcapitals", "elements")
 TRANSFER_LISTS = ("uscapitals",)
@@ -92,9 +92,9 @@ def build_index(out: Path) -> Path:
 
 def warm_start(out: Path, sft_steps: int | None) -> Path:
     """The SFT warm start and its evaluation (the step-0 point of every run)."""
+    from llds.evaluation.evaluate import EvalConfig, run_evaluation
     from llds.sft import load_sft_config
     from llds.sft import run as run_sft
-    from llds.train.evaluate import EvalConfig, run_evaluation
 
     sft = out / "sft"
     if not (sft / "model").is_dir():
@@ -133,7 +133,7 @@ def probe(out: Path, name: str, questions: int, updates: int, llds: bool) -> dic
     `OUT/probe/NAME/probe.json`. The other variants then sample only the questions the
     one-update probe probed: their rollouts are the same, so the result is what going through
     all of them would give, and the variants compare question by question."""
-    from llds.diagnostics.probe import ProbeConfig, probe_model
+    from llds.probe.one_step import ProbeConfig, probe_model
 
     where = out / "probe" / name
     if (where / "probe.json").is_file():
@@ -290,7 +290,7 @@ def probe_table(out: Path) -> str:
 
 def write_run_report(out: Path, seeds: Sequence[int]) -> Path | None:
     """`llds report` of every run on disk (both arms, each seed) into `OUT/report`."""
-    from llds.diagnostics.report import write_report
+    from llds.report.html import write_report
 
     runs = {
         f"{arm} seed {s}": run_dir(out, arm, s)
@@ -307,8 +307,8 @@ def probe_pairs(out: Path) -> str:
     """The protocol's LLDS question: on the same questions and rollouts, do fewer correct
     responses lose likelihood over 4 updates with LLDS than without? Also draws
     `OUT/probe/pairs.png`."""
-    from llds.diagnostics.probe import ProbeResult
-    from llds.diagnostics.probe_compare import compare_probes, plot_pairs
+    from llds.probe.one_step import ProbeResult
+    from llds.report.probe_compare import compare_probes, plot_pairs
 
     found = {}
     for name in ("4-updates", "4-updates-llds"):

@@ -53,7 +53,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine
-from llds.train.sampling_copy import make_sampling_copy, refresh_sampling_copy
+from llds.policy.sampling_copy import make_sampling_copy, refresh_sampling_copy
 
 ARMS = ("full head", "written only", "written only, bf16", "LoRA")
 TIMED = ARMS[:3]  # alternate in one process; LoRA is timed once in its own
@@ -67,7 +67,7 @@ update are the `written only, bf16` arm's of the same round (the same code on th
 
 def precision(arm: str):
     """The arm's compute precision (the trainer's `model.dtype`)."""
-    from llds.train.precision import Precision
+    from llds.policy.precision import Precision
 
     return Precision(torch.bfloat16 if "bf16" in arm else None)
 
@@ -79,7 +79,7 @@ def build_batch(questions: int, group: int):
     from llds.models import load_smollm2
     from llds.retrieval.factory import build_retriever, corpus_passages
     from llds.rollout.batch import Episode, RolloutBatch
-    from llds.train.sft_data import build_expert_episodes
+    from llds.sft.data import build_expert_episodes
 
     model, tok = load_smollm2(dtype="float32", device="cpu")
     retriever = build_retriever(corpus_passages(None, wiki=True), show_progress=False)
@@ -113,7 +113,7 @@ def update(model, optimizer, batch, mini_batches: int, actions_only: bool, arm: 
     tokens (advantage +1 / -1 alternating in each group), backward, one AdamW step, in the arm's
     compute precision (forward under autocast, backward outside it, as the trainer does).
     Seconds."""
-    from llds.train.forward import response_log_probs
+    from llds.policy.forward import response_log_probs
 
     model.train()
     adv = torch.tensor([1.0 if i % 2 == 0 else -1.0 for i in range(len(batch))])
@@ -133,7 +133,7 @@ def update(model, optimizer, batch, mini_batches: int, actions_only: bool, arm: 
 
 
 def log_prob_pass(model, batch, actions_only: bool, arm: str = "") -> float:
-    from llds.train.forward import batched_log_probs
+    from llds.policy.forward import batched_log_probs
 
     model.eval()
     t0 = time.perf_counter()
@@ -144,8 +144,8 @@ def log_prob_pass(model, batch, actions_only: bool, arm: str = "") -> float:
 
 def prepare(arm: str, model):
     if arm == "LoRA":
+        from llds.policy.lora import attach_lora
         from llds.train.config import LoRAConfig
-        from llds.train.lora import attach_lora
 
         model = attach_lora(model, LoRAConfig())
     params = [p for p in model.parameters() if p.requires_grad]

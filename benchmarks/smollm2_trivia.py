@@ -27,13 +27,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine
 from llds.data.loaders import load_trivia_lists
+from llds.evaluation.evaluate import evaluate
 from llds.models import load_smollm2
 from llds.retrieval.factory import build_retriever, corpus_passages
 from llds.rollout import RolloutConfig
-from llds.train.eval_result import EvalResult
-from llds.train.evaluate import evaluate
-from llds.train.sft import sft_train
-from llds.train.sft_data import build_expert_episodes
+from llds.runs.eval_result import EvalResult
+from llds.sft.data import build_expert_episodes
+from llds.sft.trainer import sft_train
 
 
 def main() -> None:

@@ -85,7 +85,7 @@ def write_run_inputs(root, world, tok, **sections) -> Path:
     """
     import json
 
-    from llds.configio import deep_merge
+    from llds.config.loader import deep_merge
     from llds.data.world import write_world
     from llds.models.tiny import save_tiny
 

@@ -21,9 +21,9 @@ from torch.distributed.tensor import DTensor
 from llds.models.bpe import train_bpe_tokenizer
 from llds.models.hf import enable_activation_checkpointing
 from llds.models.tiny import tiny_causal_lm_for
+from llds.policy.forward import response_log_probs
 from llds.rollout.batch import Episode, RolloutBatch
 from llds.train import fsdp
-from llds.train.forward import response_log_probs
 
 SENTENCES = [
     "the cat sat on the mat and looked at the dog",

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from llds.configio import preset_names, read_yaml
+from llds.config.loader import preset_names, read_yaml
 from llds.errors import ConfigError
 from llds.train.config import load_config
 

@@ -9,7 +9,7 @@ import torch
 
 from llds import metrics as keys
 from llds.algo.segments import action_segments
-from llds.diagnostics.likelihood import displacement_metrics, group_hidden_similarity
+from llds.monitor.likelihood import displacement_metrics, group_hidden_similarity
 
 MASK = torch.tensor(
     [

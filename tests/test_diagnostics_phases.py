@@ -8,7 +8,8 @@ import re
 
 import pytest
 
-from llds.diagnostics.alarms import (
+from llds.errors import ConfigError
+from llds.monitor.alarms import (
     ACTIONABLE_KINDS,
     Alarm,
     AlarmConfig,
@@ -16,10 +17,9 @@ from llds.diagnostics.alarms import (
     scan_alarms,
     should_act,
 )
-from llds.diagnostics.phases import PhaseConfig, PhaseTracker, detect_phases, phase_spans
-from llds.diagnostics.robust import diff_noise, mad_sigma, median, spike_score, theil_sen, trend
-from llds.diagnostics.synthetic import synthetic_rows
-from llds.errors import ConfigError
+from llds.monitor.phases import PhaseConfig, PhaseTracker, detect_phases, phase_spans
+from llds.monitor.robust import diff_noise, mad_sigma, median, spike_score, theil_sen, trend
+from llds.report.synthetic import synthetic_rows
 
 # With the defaults (window W=20, K=5, min slope 0.002) and a noiseless likelihood that is flat
 # up to step 60 and then falls by s per step, the Theil-Sen slope over the window ending at

@@ -12,7 +12,9 @@ import torch
 from conftest import make_tiny_model, tag_happy
 from llds.algo import group_advantages, policy_loss
 from llds.data.example import QAExample
-from llds.diagnostics.probe import (
+from llds.env.prompts import build_prompt_ids
+from llds.policy.forward import response_log_probs
+from llds.probe.one_step import (
     ProbeResult,
     drag_to_pull,
     probe_group,
@@ -20,9 +22,7 @@ from llds.diagnostics.probe import (
     run_probe,
     summarize,
 )
-from llds.env.prompts import build_prompt_ids
 from llds.rollout import RolloutConfig, RolloutEngine, RolloutRequest
-from llds.train.forward import response_log_probs
 
 TEMPLATE = "Question: {question}\n"
 CFG = RolloutConfig(
@@ -239,9 +239,9 @@ def test_probe_model_resumes_from_its_partial_file_and_names_a_foreign_one(
     import json
 
     from conftest import write_run_inputs
-    from llds.diagnostics.probe import PARTIAL, ProbeConfig, _settings, probe_model
     from llds.env.protocol import Protocol
     from llds.errors import UserInputError
+    from llds.probe.one_step import PARTIAL, ProbeConfig, _settings, probe_model
 
     write_run_inputs(tmp_path, small_world, world_tokenizer)
     protocol = Protocol(prompt_template=TEMPLATE, topk=2, max_turns=1)
@@ -316,8 +316,8 @@ def test_a_probe_of_chosen_questions_gives_their_results_without_sampling_the_ot
 def test_questions_from_an_earlier_probe_must_have_sampled_the_same_way(tmp_path) -> None:
     import json
 
-    from llds.diagnostics.probe import ProbeConfig, _settings, probed_questions
     from llds.errors import UserInputError
+    from llds.probe.one_step import ProbeConfig, _settings, probed_questions
 
     cfg = ProbeConfig(model=str(tmp_path / "m"), data=[str(tmp_path / "d.jsonl")], seed=3)
     earlier = ProbeResult("w:5", "q?", 1, 1, -0.5, -0.1, 0.2, 1.0, -0.3, 0.1, -0.4)

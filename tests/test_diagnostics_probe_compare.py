@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from llds.diagnostics.probe import ProbeResult
-from llds.diagnostics.probe_compare import compare_probes, paired, plot_pairs, sign_test
+from llds.probe.one_step import ProbeResult
+from llds.report.probe_compare import compare_probes, paired, plot_pairs, sign_test
 
 
 def _result(qid: str, disp: float, fell: float) -> ProbeResult:

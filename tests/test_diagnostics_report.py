@@ -10,12 +10,15 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from llds.report import html as report_mod
 
 from llds.cli import main
-from llds.diagnostics import report as report_mod
-from llds.diagnostics.alarms import ALARM_KINDS, AlarmConfig
-from llds.diagnostics.phases import PhaseConfig, detect_phases
-from llds.diagnostics.plots import (
+from llds.errors import DataFormatError, UserInputError
+from llds.io import write_json, write_jsonl, write_yaml
+from llds.monitor.alarms import ALARM_KINDS, AlarmConfig
+from llds.monitor.phases import PhaseConfig, detect_phases
+from llds.report.html import summarize, write_report
+from llds.report.plots import (
     PHASE_NAMES,
     RunSeries,
     _log_ticks,
@@ -29,11 +32,8 @@ from llds.diagnostics.plots import (
     moving_average,
     smoothing_width,
 )
-from llds.diagnostics.report import summarize, write_report
-from llds.diagnostics.report_text import curves_caption, reference_caption
-from llds.diagnostics.synthetic import synthetic_rows
-from llds.errors import DataFormatError, UserInputError
-from llds.io import write_json, write_jsonl, write_yaml
+from llds.report.synthetic import synthetic_rows
+from llds.report.text import curves_caption, reference_caption
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from llds.diagnostics.run_info import (
+from llds.errors import DataFormatError
+from llds.io import write_json, write_yaml
+from llds.report.run_info import (
     differing_keys,
     format_setting,
     held_out,
@@ -12,8 +14,6 @@ from llds.diagnostics.run_info import (
     resolve_model_dir,
     settings_rows,
 )
-from llds.errors import DataFormatError
-from llds.io import write_json, write_yaml
 
 
 def _eval(path, em, n=40):

@@ -121,7 +121,7 @@ def test_wandb_without_the_package_writes_nothing(
 
 def test_wandb_check_comes_before_the_metrics_log_is_rewritten(previous_run, monkeypatch) -> None:
     from llds.errors import ConfigError
-    from llds.train.tracking import MetricsLogger
+    from llds.runs.tracking import MetricsLogger
 
     monkeypatch.setitem(sys.modules, "wandb", None)
     with pytest.raises(ConfigError, match=r"logging\.wandb"):

@@ -22,8 +22,8 @@ from safetensors.torch import load_file
 
 from conftest import write_run_inputs
 from llds.cli import main
+from llds.runs.tracking import read_metrics
 from llds.train.checkpoint import MANIFEST, checkpoint_problem, find_resumable
-from llds.train.tracking import read_metrics
 from test_retrieval_server import free_port, start_server, stop, wait_ready
 
 STEPS = [1, 2, 3, 4]
@@ -274,9 +274,9 @@ def test_allowed_lr_change_takes_effect(inputs, reference, run, caplog) -> None:
 def test_resume_under_other_cpu_kernels_warns_and_goes_on(
     inputs, reference, run, caplog, monkeypatch
 ) -> None:
+    from llds.policy.float_env import float_environment
     from llds.train import resume
     from llds.train.config import load_config
-    from llds.train.float_env import float_environment
     from llds.train.trainer import GRPOTrainer
 
     saved = json.loads((run / "checkpoints" / "step_000004" / "trainer_state.json").read_text())

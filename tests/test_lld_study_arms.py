@@ -58,7 +58,7 @@ def test_run_folders_of_the_arms_are_distinct(tmp_path: Path) -> None:
 
 
 def _record(prediction: str | None, response: str):
-    from llds.train.eval_result import EvalRecord
+    from llds.runs.eval_result import EvalRecord
 
     return EvalRecord(
         id="q",
@@ -110,7 +110,7 @@ def test_punctuation_run_share_counts_degenerate_responses() -> None:
 
 
 def test_the_trainer_and_the_study_count_punctuation_runs_alike() -> None:
-    from llds.diagnostics.degenerate import PUNCTUATION_RUN, punctuation_run_frac
+    from llds.monitor.degenerate import PUNCTUATION_RUN, punctuation_run_frac
 
     # the study script keeps its own copy (it must import on the frozen study code)
     assert lld_study.PUNCTUATION_RUN.pattern == PUNCTUATION_RUN.pattern

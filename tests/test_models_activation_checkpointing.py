@@ -11,8 +11,8 @@ import torch
 from conftest import make_tiny_model
 from llds.models.hf import enable_activation_checkpointing
 from llds.models.tiny import save_tiny
+from llds.policy.setup import load_model
 from llds.train.config import ModelConfig
-from llds.train.setup import load_model
 
 
 def _checkpointed_layers(model) -> int:

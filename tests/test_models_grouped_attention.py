@@ -18,9 +18,9 @@ from llds.models.grouped_attention import (
 )
 from llds.models.kv_cache import cache_argument, returned_cache
 from llds.models.tiny import tiny_causal_lm
+from llds.policy.sampling_copy import make_sampling_copy
 from llds.rollout import RolloutConfig, RolloutEngine
 from llds.rollout.config import ATTENTION_IMPLEMENTATIONS
-from llds.train.sampling_copy import make_sampling_copy
 
 
 class _Heads(torch.nn.Module):

@@ -93,8 +93,8 @@ def test_rollout_and_log_probs_raise_no_rename_warning(
 ) -> None:
     """Fails on code that passes `past_key_values` to a transformers release that renamed it."""
     from llds.env.prompts import build_prompt_ids
+    from llds.policy.forward import response_log_probs
     from llds.rollout import RolloutConfig, RolloutEngine, RolloutRequest
-    from llds.train.forward import response_log_probs
 
     model = tag_happy(make_tiny_model(world_tokenizer, seed=2), world_tokenizer)
     config = RolloutConfig(max_turns=2, max_turn_tokens=16, max_obs_tokens=32, topk=2)

@@ -12,8 +12,8 @@ import torch
 from conftest import TRAIN_BASE as BASE
 from conftest import make_tiny_model
 from llds import metrics as keys
-from llds.diagnostics.reference import REFERENCE_FILE, ReferenceChains, reference_metrics
 from llds.errors import ConfigError, DataFormatError
+from llds.probe.reference import REFERENCE_FILE, ReferenceChains, reference_metrics
 from llds.rollout.batch import Episode
 from llds.train.config import load_config
 from llds.train.trainer import GRPOTrainer

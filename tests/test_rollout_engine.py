@@ -237,7 +237,7 @@ def test_rollout_log_probs_equal_the_trainers_recompute(
     """The engine's log pi / entropy of each sampled token, taken from the logits it sampled
     from, are the unfiltered policy at the sampling temperature: what the trainer recomputes,
     even though top-k / top-p / the EOS ban of `min_turn_tokens` shaped the sampling."""
-    from llds.train.forward import batched_log_probs
+    from llds.policy.forward import batched_log_probs
 
     tok = world_tokenizer
     model = _eos_happy(tag_happy(make_tiny_model(tok, seed=9), tok), tok, bias=3.0)

@@ -20,7 +20,7 @@ from llds.models import train_bpe_tokenizer
 from llds.retrieval.base import Hit
 from llds.retrieval.bm25 import BM25Retriever
 from llds.rollout import RolloutConfig, RolloutEngine, RolloutRequest
-from llds.train.sft_data import (
+from llds.sft.data import (
     EXPERT_PHRASES,
     build_expert_episodes,
     early_answer_variant,

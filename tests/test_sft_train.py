@@ -11,15 +11,15 @@ import torch.nn.functional as F
 from llds.data.world import WorldConfig, generate_world
 from llds.errors import ConfigError
 from llds.models import load_policy, tiny_causal_lm_for, train_bpe_tokenizer
+from llds.policy.forward import pack_by_length
 from llds.retrieval.bm25 import BM25Retriever
-from llds.train.forward import pack_by_length
-from llds.train.sft import (
+from llds.sft.data import EXPERT_PHRASES, ExpertEpisode, build_expert_episodes
+from llds.sft.trainer import (
     _pad_batch,
     batch_order,
     masked_token_loss_sum,
     sft_train,
 )
-from llds.train.sft_data import EXPERT_PHRASES, ExpertEpisode, build_expert_episodes
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -1,6 +1,6 @@
 import pytest
 
-from llds.configio import parse_overrides
+from llds.config.loader import parse_overrides
 from llds.errors import ConfigError
 from llds.train.config import TrainConfig, load_config
 

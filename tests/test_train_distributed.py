@@ -14,8 +14,8 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import write_run_inputs
+from llds.runs.tracking import read_metrics
 from llds.train.checkpoint import MANIFEST, checkpoint_problem
-from llds.train.tracking import read_metrics
 
 
 @pytest.mark.slow

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from llds.errors import DataFormatError
-from llds.train.eval_result import (
+from llds.runs.eval_result import (
     EvalRecord,
     EvalResult,
     Scores,

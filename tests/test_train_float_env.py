@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from llds.train.float_env import environment_changes, float_environment, resume_warning
+from llds.policy.float_env import environment_changes, float_environment, resume_warning
 
 SAVED = {"torch": "2.13.0+cpu", "cpu_kernels": "AVX2", "accelerator": "none", "threads": 1}
 

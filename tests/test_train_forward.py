@@ -13,9 +13,9 @@ import torch
 from conftest import make_tiny_model
 from llds.models.hf import enable_activation_checkpointing
 from llds.models.kv_cache import NEW_NAME, OLD_NAME, returned_cache
+from llds.policy.forward import batched_log_probs, pooled_response_hidden, response_log_probs
 from llds.rollout.batch import Episode, RolloutBatch
-from llds.train import forward as forward_mod
-from llds.train.forward import batched_log_probs, pooled_response_hidden, response_log_probs
+from llds.policy import forward as forward_mod
 
 
 def _batch(vocab: int, pad_id: int, *, group: int = 3, seed: int = 0) -> RolloutBatch:
@@ -229,7 +229,7 @@ def test_split_lm_head_only_for_a_plain_linear_head(world_tokenizer) -> None:
     unwrapped to its base model, whose layers carry the adapters."""
     from peft import LoraConfig, get_peft_model
 
-    from llds.train.forward import split_lm_head
+    from llds.policy.forward import split_lm_head
 
     model = make_tiny_model(world_tokenizer, seed=8)
     backbone, head = split_lm_head(model)

@@ -11,10 +11,10 @@ import torch
 from conftest import TRAIN_BASE, make_tiny_model
 from llds.errors import ConfigError
 from llds.models.hf import load_policy
+from llds.policy.forward import response_log_probs, split_lm_head
+from llds.policy.lora import ADAPTER_DIR, WithoutAdapters, attach_lora, is_lora, load_adapter
 from llds.rollout.batch import Episode, RolloutBatch
 from llds.train.config import LoRAConfig, load_config
-from llds.train.forward import response_log_probs, split_lm_head
-from llds.train.lora import ADAPTER_DIR, WithoutAdapters, attach_lora, is_lora, load_adapter
 from llds.train.trainer import GRPOTrainer
 
 LORA = ["model.lora.r=4", "model.lora.alpha=8", "algo.kl_coef=0.01"]

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from llds.train.lr_schedule import lr_factor, scheduled_lr
+from llds.algo.lr_schedule import lr_factor, scheduled_lr
 
 
 def test_warmup_then_cosine_to_a_floor() -> None:

@@ -9,11 +9,11 @@ import torch
 
 from conftest import TRAIN_BASE, make_tiny_model
 from llds.errors import ConfigError
+from llds.evaluation.evaluate import evaluate
+from llds.evaluation.periodic import PeriodicEvaluator, eval_metrics, is_due
 from llds.rollout import RolloutConfig
+from llds.runs.eval_result import EvalResult, Scores
 from llds.train.config import load_config
-from llds.train.eval_result import EvalResult, Scores
-from llds.train.evaluate import evaluate
-from llds.train.periodic_eval import PeriodicEvaluator, eval_metrics, is_due
 from llds.train.trainer import GRPOTrainer
 
 BASE = [*TRAIN_BASE, "rollout.max_turn_tokens=10", "diagnostics.enabled=false", "steps=3"]

@@ -10,10 +10,10 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import write_run_inputs
+from llds.policy.precision import Precision, compute_dtype_of, update_ratio
+from llds.runs.tracking import read_metrics
 from llds.train import trainer as trainer_mod
 from llds.train.config import load_config
-from llds.train.precision import Precision, compute_dtype_of, update_ratio
-from llds.train.tracking import read_metrics
 from llds.train.trainer import GRPOTrainer
 
 

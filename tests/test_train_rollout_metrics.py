@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from llds.monitor.rollout_metrics import rollout_metrics
 from llds.rollout import RolloutBatch
-from llds.train.rollout_metrics import rollout_metrics
 
 approx = functools.partial(pytest.approx, rel=1e-6)  # the metrics are float32 means
 

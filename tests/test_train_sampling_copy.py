@@ -9,10 +9,10 @@ from torch import nn
 
 from conftest import make_tiny_model, write_run_inputs
 from llds.errors import ConfigError
+from llds.policy.sampling_copy import make_sampling_copy, refresh_sampling_copy
 from llds.rollout.config import RolloutConfig
 from llds.train import trainer as trainer_mod
 from llds.train.config import load_config
-from llds.train.sampling_copy import make_sampling_copy, refresh_sampling_copy
 from llds.train.trainer import GRPOTrainer
 
 

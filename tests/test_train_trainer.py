@@ -18,12 +18,12 @@ import torch
 from conftest import TRAIN_BASE as BASE
 from conftest import make_tiny_model, write_run_inputs
 from llds.errors import ConfigError
+from llds.policy.precision import Precision
+from llds.runs.tracking import read_metrics
 from llds.train import policy_update
 from llds.train import trainer as trainer_mod
 from llds.train.config import load_config
 from llds.train.policy_update import NonFiniteError
-from llds.train.precision import Precision
-from llds.train.tracking import read_metrics
 from llds.train.trainer import GRPOTrainer
 
 
@@ -286,7 +286,7 @@ def test_sigkill_and_resume_reproduces_uninterrupted_run(tmp_path, small_world, 
 
 # --------------------------------------------------------------------- alarm policies
 def _decay_alarm(step: int, since: int):
-    from llds.diagnostics.alarms import Alarm
+    from llds.monitor.alarms import Alarm
 
     return Alarm(
         step,

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from llds.runs.eval_result import EvalResult
     from llds.sft import SFTConfig
     from llds.train.config import TrainConfig
-    from llds.train.eval_result import EvalResult
 
 TEMPLATE = "Question: {question}\n"
 
@@ -116,9 +116,9 @@ def warm_start(cfg: DemoConfig, out: Path, console) -> None:
 
 def evaluate_model(model_dir: Path, out: Path, result_path: Path, n: int) -> EvalResult:
     from llds.data.loaders import load_examples
+    from llds.evaluation.evaluate import evaluate
     from llds.models.hf import load_policy
     from llds.retrieval.factory import open_retriever
-    from llds.train.evaluate import evaluate
 
     model, tok = load_policy(model_dir)
     examples = load_examples(out / "world" / "test.jsonl", limit=n)
@@ -133,10 +133,10 @@ def train_side_by_side(cfg: DemoConfig, out: Path, console) -> dict[str, Path]:
     progress bar per run."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from llds.configio import to_dict
+    from llds.config.loader import to_dict
     from llds.io import write_yaml
+    from llds.runs.tracking import read_metrics
     from llds.train.background import start_run
-    from llds.train.tracking import read_metrics
 
     runs = {"GRPO": out / "grpo", "GRPO+LLDS": out / "grpo_llds"}
     procs = {}
@@ -197,9 +197,9 @@ def run_demo(cfg: DemoConfig) -> Path:
     from rich.console import Console
     from rich.table import Table
 
-    from llds.diagnostics.report import write_report
     from llds.io import write_json
-    from llds.train.eval_result import eval_file
+    from llds.report.html import write_report
+    from llds.runs.eval_result import eval_file
 
     console = Console()
     out = Path(cfg.out)

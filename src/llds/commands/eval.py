@@ -1,7 +1,7 @@
 """`llds eval`: greedy evaluation of a model on QA data with search.
 
 A thin adapter: the flags are `EvalConfig`'s fields and the protocol flags; the work is
-`llds.train.evaluate.run_evaluation`.
+`llds.evaluation.evaluate.run_evaluation`.
 """
 
 from __future__ import annotations
@@ -14,16 +14,16 @@ HELP = "evaluate a model (greedy) on QA data: per-source EM/F1/sub-EM and valid 
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from llds.configio import add_dataclass_arguments
-    from llds.train.evaluate import EvalConfig
+    from llds.config.loader import add_dataclass_arguments
+    from llds.evaluation.evaluate import EvalConfig
 
     add_dataclass_arguments(p, EvalConfig, required=("model", "data", "retriever"))
     add_protocol_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
-    from llds.configio import from_dict, given_arguments
-    from llds.train.evaluate import EvalConfig, results_table, run_evaluation
+    from llds.config.loader import from_dict, given_arguments
+    from llds.evaluation.evaluate import EvalConfig, results_table, run_evaluation
 
     cfg = from_dict(EvalConfig, given_arguments(args, EvalConfig))
     results = run_evaluation(cfg, resolve_protocol(args))

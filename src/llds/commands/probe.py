@@ -1,7 +1,7 @@
 """`llds probe`: the one-step per-question likelihood-displacement probe.
 
 A thin adapter: the flags are `ProbeConfig`'s fields and the protocol flags; the work is
-`llds.diagnostics.probe.probe_model`.
+`llds.probe.one_step.probe_model`.
 """
 
 from __future__ import annotations
@@ -16,16 +16,16 @@ HELP = (
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from llds.configio import add_dataclass_arguments
-    from llds.diagnostics.probe import ProbeConfig
+    from llds.config.loader import add_dataclass_arguments
+    from llds.probe.one_step import ProbeConfig
 
     add_dataclass_arguments(p, ProbeConfig, required=("model", "data", "retriever", "out"))
     add_protocol_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
-    from llds.configio import from_dict, given_arguments
-    from llds.diagnostics.probe import ProbeConfig, probe_model
+    from llds.config.loader import from_dict, given_arguments
+    from llds.probe.one_step import ProbeConfig, probe_model
 
     cfg = from_dict(ProbeConfig, given_arguments(args, ProbeConfig))
     summary, results = probe_model(cfg, resolve_protocol(args))

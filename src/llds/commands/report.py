@@ -19,8 +19,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from llds.diagnostics.report import write_report
     from llds.errors import UserInputError
+    from llds.report.html import write_report
 
     labels = None
     if args.labels is not None:

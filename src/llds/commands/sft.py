@@ -12,7 +12,7 @@ HELP = "supervised warm start: teach a model the search protocol on expert traje
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from llds.configio import add_dataclass_arguments
+    from llds.config.loader import add_dataclass_arguments
     from llds.sft import SFTConfig
 
     p.add_argument(
@@ -23,7 +23,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from llds import sft
-    from llds.configio import given_arguments
+    from llds.config.loader import given_arguments
 
     cfg = sft.load_sft_config(args.config, given_arguments(args, sft.SFTConfig))
     sft.run(cfg)

@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     import yaml
     from rich.logging import RichHandler
 
-    from llds.configio import to_dict
+    from llds.config.loader import to_dict
     from llds.train.config import load_config
 
     cfg = load_config(args.config, args.overrides)

@@ -13,7 +13,7 @@ HELP = "Generate a synthetic world: corpus.jsonl, train.jsonl, test.jsonl and wo
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from llds.configio import add_dataclass_arguments
+    from llds.config.loader import add_dataclass_arguments
     from llds.data.world import WorldConfig
 
     parser.add_argument("--out", required=True, help="output folder")
@@ -27,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import yaml
 
-    from llds.configio import given_arguments
+    from llds.config.loader import given_arguments
     from llds.data.world import WorldConfig, generate_world, load_world_config, write_world
 
     config = load_world_config(args.config, given_arguments(args, WorldConfig))

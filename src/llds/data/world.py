@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from llds.configio import from_dict, merge_config, read_yaml
+from llds.config.loader import from_dict, merge_config, read_yaml
 from llds.data.example import QAExample
 from llds.errors import ConfigError, UserInputError
 from llds.io import write_json, write_jsonl

@@ -39,9 +39,9 @@ from llds.algo import (
     answer_weight_schedule,
     llds_term,
 )
-from llds.diagnostics.likelihood import displacement_metrics, likelihood_metrics
 from llds.env.rewards import FormatRewardConfig, compute_reward, score_answer
 from llds.errors import ConfigError, DataFormatError
+from llds.monitor.likelihood import displacement_metrics, likelihood_metrics
 from llds.retrieval.base import Retriever
 from llds.rollout import RolloutConfig, RolloutEngine, RolloutRequest
 

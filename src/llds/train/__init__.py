@@ -1,4 +1,4 @@
-"""GRPO (+LLDS) training: configs, the trainer, checkpoints, SFT, evaluation.
+"""GRPO (+LLDS) training: the loop, its optimizer steps, FSDP, checkpoints and resume.
 
 `llds.train.run(cfg)` is the library entry point that `llds train`, the demo and the benchmarks
 call; the trainer itself is `llds.train.trainer.GRPOTrainer`.
@@ -30,8 +30,8 @@ def run(
     import torch
 
     from llds.errors import ServiceUnavailableError
+    from llds.runs.tracking import check_trackers
     from llds.train.distributed import close_process_group
-    from llds.train.tracking import check_trackers
     from llds.train.trainer import GRPOTrainer
 
     # a missing tracker package fails here, not after the model and data have been loaded

@@ -24,7 +24,7 @@ import torch
 
 from llds.env.protocol import Protocol
 from llds.io import atomic_write, write_json
-from llds.train.lora import is_lora, save_lora
+from llds.policy.lora import is_lora, save_lora
 
 LATEST = "latest"
 MANIFEST = "manifest.json"

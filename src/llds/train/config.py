@@ -9,55 +9,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from llds.algo.config import AlgoConfig, LLDSConfig
 from llds.algo.llds import GATES, LLDS_AGGREGATIONS
 from llds.algo.masking import AGGREGATIONS
-from llds.configio import from_dict, merge_config, parse_overrides, read_yaml
+from llds.config.loader import from_dict, merge_config, parse_overrides, read_yaml
 from llds.errors import ConfigError
+from llds.policy.config import LoRAConfig, ModelConfig
 from llds.rollout.config import RolloutConfig
 
-
-@dataclass
-class LoRAConfig:
-    """Low-rank adapters (peft's LoRA) instead of full fine-tuning: only the adapters train.
-
-    The KL reference is the same model with its adapters switched off (no second copy of the
-    weights); checkpoints hold the adapter (`adapter/`) and the merged weights (`model/`, what
-    `llds eval` loads)."""
-
-    r: int = 16
-    """rank of each adapter"""
-    alpha: float = 32.0
-    """scale numerator: the update is (alpha / r) * B @ A"""
-    dropout: float = 0.0
-    target_modules: list[str] = field(
-        default_factory=lambda: [
-            "q_proj",
-            "k_proj",
-            "v_proj",
-            "o_proj",
-            "gate_proj",
-            "up_proj",
-            "down_proj",
-        ]
-    )
-    """module names that get adapters (these fit Llama/Qwen2/SmolLM2 blocks)"""
-
-
-@dataclass
-class ModelConfig:
-    path: str = ""
-    """HF model directory or hub id (resolved from the local cache), or `smollm2` (the packaged
-    SmolLM2-135M-Instruct)."""
-    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
-    """compute dtype of the policy (autocast). The trained weights and the optimizer state are
-    always float32 (master weights): a bf16 weight cannot take a 1e-6 step. `auto` computes in
-    the checkpoint's stored dtype."""
-    device: str = "auto"
-    chat: bool | None = None
-    """apply the tokenizer's chat template to prompts; null = when it has one"""
-    gradient_checkpointing: bool = False
-    lora: LoRAConfig | None = None
-    """train low-rank adapters (needs `pip install peft`); null = full fine-tuning"""
+__all__ = [
+    "AlgoConfig",
+    "LLDSConfig",
+    "LoRAConfig",
+    "ModelConfig",
+    "TrainConfig",
+    "load_config",
+]
 
 
 @dataclass
@@ -81,46 +48,6 @@ class RetrieverConfig:
     """how long a retrieval service (a URL source) that stops answering is retried, with
     backoff, before the run stops; it then exits with code 2 and resumes from its last
     checkpoint when started again with the same command"""
-
-
-@dataclass
-class LLDSConfig:
-    enabled: bool = True
-    coef: float = 0.2
-    gate: str = "action"
-    aggregation: str = "seq-mean-token-mean"
-    mask_answer: bool = False
-    """LLDS-MA: weight the final answer span by beta"""
-    answer_weight: float | None = None
-    """fixed beta for LLDS-MA; null = the paper's schedule min(V / baseline, 1)"""
-    answer_baseline: float = 2.0
-    first_update: Literal["zero", "computed"] = "zero"
-    """LLDS on the first optimizer step of each rollout batch, where pi_theta == pi_old and
-    `d = log pi_old - log pi_theta` is only float rounding noise. `zero`: LLDS is exactly 0 there
-    (value and gradient), as in exact arithmetic. `computed`: evaluate it on whatever d the
-    floats give, as the authors' code does; the gate then opens on noise."""
-
-
-@dataclass
-class AlgoConfig:
-    normalize_std: bool = True
-    clip_low: float = 0.2
-    clip_high: float | None = None
-    ratio_type: Literal["token", "sequence"] = "token"
-    dual_clip: float | None = None
-    aggregation: str = "token-mean"
-    kl_coef: float = 0.001
-    kl_kind: Literal["k1", "k2", "k3", "low_var_kl", "abs"] = "low_var_kl"
-    entropy_coef: float = 0.0
-    old_logprobs: Literal["auto", "rollout", "recompute"] = "auto"
-    """where pi_old comes from. `rollout`: the log-probs the rollout engine computed from the very
-    logits it sampled from (no extra forward pass). `recompute`: a separate no-grad forward over
-    the batch, as most trainers do; needed when generation numerics differ from the training
-    forward's (low-precision kernels). `auto`: rollout for float32 models without LLDS (both
-    agree to float rounding), recompute otherwise: LLDS's hinge max(0, pi_old - pi_theta) sits
-    at exactly 0 on the first optimizer step, where rounding noise alone would open it."""
-    llds: LLDSConfig = field(default_factory=LLDSConfig)
-    format_reward: bool = False
 
 
 @dataclass

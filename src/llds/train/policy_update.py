@@ -21,12 +21,12 @@ import torch
 from llds import metrics as keys
 from llds.algo import answer_weight_schedule, preserving_mask
 from llds.algo.objective import LLDS_STATS, POLICY_STATS, Objective, grpo_objective
+from llds.policy.forward import plan_micro_batches, response_log_probs
+from llds.policy.precision import Precision, update_ratio
 from llds.rollout import RolloutBatch
 from llds.train import fsdp
 from llds.train.config import AlgoConfig, TrainConfig
 from llds.train.distributed import Dist
-from llds.train.forward import plan_micro_batches, response_log_probs
-from llds.train.precision import Precision, update_ratio
 
 log = logging.getLogger("llds.train")
 

@@ -10,7 +10,7 @@ Three rules, so that no step is lost, repeated or silently trained with other se
   (`resume=False` / `--no-resume`), and then the earlier run is renamed aside, not deleted;
 * a resume whose config differs from the checkpoint's is refused, listing the changed keys,
   unless each is allowed (`allow_config_change`); `ALWAYS_ALLOWED` keys need no permission;
-  one on another floating-point environment (`llds.train.float_env`) goes on with a warning.
+  one on another floating-point environment (`llds.policy.float_env`) goes on with a warning.
 
 Pure helpers (what changed, what is allowed, the messages) are separate from the few
 functions that touch the file system.
@@ -26,9 +26,12 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from llds.configio import config_changes, deep_merge, dotted_keys, to_dict
+from llds.config.loader import config_changes, deep_merge, dotted_keys, to_dict
 from llds.errors import UserInputError
 from llds.io import write_jsonl
+from llds.policy.float_env import float_environment, resume_warning
+from llds.runs.eval_result import eval_files
+from llds.runs.tracking import METRICS_FILE, read_metrics
 from llds.train.checkpoint import (
     LATEST,
     TRAINER_STATE,
@@ -38,9 +41,6 @@ from llds.train.checkpoint import (
 )
 from llds.train.config import TrainConfig
 from llds.train.distributed import Dist
-from llds.train.eval_result import eval_files
-from llds.train.float_env import float_environment, resume_warning
-from llds.train.tracking import METRICS_FILE, read_metrics
 
 ALWAYS_ALLOWED = ("steps", "run_dir", "threads", "save_every", "keep_checkpoints", "logging")
 """Keys a resume may change without permission: none of them changes what a step computes.
@@ -60,7 +60,7 @@ OPTIM_KEYS = {"optim.weight_decay": "weight_decay", "optim.eps": "eps", "optim.b
 
 Change = tuple[str, Any, Any]
 FLOAT_ENV_KEY = "float_env"
-"""The trainer state's record of `llds.train.float_env.float_environment()`."""
+"""The trainer state's record of `llds.policy.float_env.float_environment()`."""
 
 
 # ------------------------------------------------------------------ config changes (pure)

@@ -25,21 +25,38 @@ import torch
 
 from llds import metrics as keys
 from llds.algo import group_advantages
-from llds.configio import to_dict
+from llds.algo.lr_schedule import lr_factor
+from llds.config.loader import to_dict
 from llds.data.example import QAExample
-from llds.diagnostics.alarms import Alarm, AlarmMonitor, should_act
-from llds.diagnostics.likelihood import (
-    displacement_metrics,
-    group_hidden_similarity,
-)
-from llds.diagnostics.probe import probe_metrics, run_probe
-from llds.diagnostics.reference import REFERENCE_FILE, ReferenceChains
 from llds.env.prompts import PromptTemplate, build_prompt_ids
 from llds.env.protocol import Protocol
 from llds.env.rewards import FormatRewardConfig
 from llds.errors import ConfigError, ServiceUnavailableError, UserInputError
+from llds.evaluation.periodic import PeriodicEvaluator, eval_rollout_config, is_due
+from llds.monitor.alarms import Alarm, AlarmMonitor, should_act
+from llds.monitor.likelihood import (
+    displacement_metrics,
+    group_hidden_similarity,
+)
+from llds.monitor.rollout_metrics import rollout_metrics
+from llds.policy.float_env import float_environment
+from llds.policy.forward import (
+    batched_log_probs,
+    pooled_response_hidden,
+)
+from llds.policy.lora import ADAPTER_DIR, WithoutAdapters, attach_lora, load_adapter
+from llds.policy.precision import Precision, compute_dtype_of
+from llds.policy.sampling_copy import (
+    make_sampling_copy,
+    refresh_sampling_copy,
+    sampling_context,
+)
+from llds.policy.setup import frozen_copy, load_model
+from llds.probe.one_step import probe_metrics, run_probe
+from llds.probe.reference import REFERENCE_FILE, ReferenceChains
 from llds.retrieval.client import RetrievalServiceError
 from llds.rollout import RolloutBatch, RolloutEngine, RolloutRequest
+from llds.runs.tracking import MetricsLogger, read_metrics
 from llds.train import fsdp
 from llds.train.checkpoint import (
     find_resumable,
@@ -52,16 +69,8 @@ from llds.train.checkpoint import (
 )
 from llds.train.config import TrainConfig
 from llds.train.distributed import Dist
-from llds.train.float_env import float_environment
-from llds.train.forward import (
-    batched_log_probs,
-    pooled_response_hidden,
-)
-from llds.train.lora import ADAPTER_DIR, WithoutAdapters, attach_lora, load_adapter
-from llds.train.lr_schedule import lr_factor
-from llds.train.periodic_eval import PeriodicEvaluator, eval_rollout_config, is_due
 from llds.train.policy_update import PolicyUpdate
-from llds.train.precision import Precision, compute_dtype_of
+from llds.train.prompts import PromptStream
 from llds.train.resume import (
     FLOAT_ENV_KEY,
     apply_optimizer_changes,
@@ -70,14 +79,6 @@ from llds.train.resume import (
     prepare_run_dir,
     warn_if_float_env_changed,
 )
-from llds.train.rollout_metrics import rollout_metrics
-from llds.train.sampling_copy import (
-    make_sampling_copy,
-    refresh_sampling_copy,
-    sampling_context,
-)
-from llds.train.setup import PromptStream, frozen_copy, load_model
-from llds.train.tracking import MetricsLogger, read_metrics
 
 log = logging.getLogger("llds.train")
 
@@ -792,7 +793,7 @@ def rollout_seed(seed: int, step: int, row: int) -> int:
 
 def _to_float32(model) -> None:
     """Make every floating parameter float32 in place: these are the master weights the
-    optimizer steps (low precision is for compute only, see `llds.train.precision`)."""
+    optimizer steps (low precision is for compute only, see `llds.policy.precision`)."""
     low = {p.dtype for p in model.parameters() if p.is_floating_point()} - {torch.float32}
     if low:
         log.info("policy weights %s -> float32 master weights", sorted(map(str, low)))

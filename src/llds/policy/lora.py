@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from llds.errors import ConfigError
-from llds.train.config import LoRAConfig
+from llds.policy.config import LoRAConfig
 
 ADAPTER_DIR = "adapter"
 
@@ -95,7 +95,7 @@ class WithoutAdapters:
         """The policy's `(backbone, lm_head)` split (see `split_lm_head`), each called with the
         adapters off and without gradients, so the reference pass runs the head only on the
         model-written tokens too; None when the policy cannot be split."""
-        from llds.train.forward import split_lm_head
+        from llds.policy.forward import split_lm_head
 
         parts = split_lm_head(self.model)
         if parts is None:

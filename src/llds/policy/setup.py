@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import copy
-import random
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from llds.data.example import QAExample
-from llds.errors import ConfigError, UserInputError
-from llds.train.config import ModelConfig
+from llds.errors import ConfigError
+from llds.policy.config import ModelConfig
 
 
 def resolve_device(name: str, key: str = "model.device") -> torch.device:
@@ -51,7 +48,7 @@ def load_model(
     """(model, tokenizer) from `path` (a checkpoint) or the configured model.
 
     `dtype` overrides `cfg.dtype` as the storage dtype: training loads float32 master weights
-    whatever the compute dtype (see `llds.train.precision`); evaluation may load bf16 directly.
+    whatever the compute dtype (see `llds.policy.precision`); evaluation may load bf16 directly.
     `device_key` is what an unusable device is called in the error (the caller's key or flag).
     """
     from llds.models.hf import enable_activation_checkpointing, load_policy
@@ -81,33 +78,3 @@ def frozen_copy(model, dtype: torch.dtype | None = None) -> Any:
     for p in ref.parameters():
         p.requires_grad_(False)
     return ref
-
-
-class PromptStream:
-    """An endless, seeded stream of training examples: a fresh permutation every epoch.
-
-    Position `p` of the stream is a pure function of (seed, p), so a resumed run draws exactly
-    the questions the uninterrupted run would have drawn.
-    """
-
-    def __init__(self, examples: Sequence[QAExample], seed: int) -> None:
-        if not examples:
-            raise UserInputError("data.train: no training examples")
-        self.examples = list(examples)
-        self.seed = seed
-        self._epoch = -1
-        self._order: list[int] = []
-
-    def _order_for(self, epoch: int) -> list[int]:
-        if epoch != self._epoch:
-            order = list(range(len(self.examples)))
-            random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
-            self._epoch, self._order = epoch, order
-        return self._order
-
-    def take(self, start: int, count: int) -> list[QAExample]:
-        n = len(self.examples)
-        out = []
-        for pos in range(start, start + count):
-            out.append(self.examples[self._order_for(pos // n)[pos % n]])
-        return out

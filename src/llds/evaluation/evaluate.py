@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from llds.data.example import QAExample
 from llds.env.prompts import PromptTemplate, build_prompt_ids
 from llds.rollout import RolloutConfig, RolloutEngine, RolloutRequest
-from llds.train.eval_result import EvalRecord, EvalResult, Scores
+from llds.runs.eval_result import EvalRecord, EvalResult, Scores
 
 if TYPE_CHECKING:
     from llds.env.protocol import Protocol
@@ -133,9 +133,9 @@ def run_evaluation(cfg: EvalConfig, protocol: Protocol | None = None) -> EvalRes
     given one); writes `cfg.out` when set and returns the results."""
     from llds.data.loaders import load_many
     from llds.env.protocol import Protocol
+    from llds.policy.config import ModelConfig
+    from llds.policy.setup import load_model
     from llds.retrieval.factory import open_retriever
-    from llds.train.config import ModelConfig
-    from llds.train.setup import load_model
 
     proto = protocol or Protocol.read(cfg.model) or Protocol()
     model, tok = load_model(

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from llds.errors import ConfigError
-from llds.train.precision import COMPUTE_DTYPES
-from llds.train.setup import frozen_copy
+from llds.policy.precision import COMPUTE_DTYPES
+from llds.policy.setup import frozen_copy
 
 if TYPE_CHECKING:
     from torch import nn

@@ -11,8 +11,8 @@ import torch
 
 from llds import metrics as keys
 from llds.algo import masked_mean
-from llds.diagnostics.degenerate import punctuation_run_frac
-from llds.diagnostics.likelihood import likelihood_metrics, shared_first_search_share
+from llds.monitor.degenerate import punctuation_run_frac
+from llds.monitor.likelihood import likelihood_metrics, shared_first_search_share
 from llds.rollout import RolloutBatch
 
 

@@ -16,10 +16,10 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from llds import metrics as keys
-from llds.diagnostics.alarms import Alarm
-from llds.diagnostics.phases import PhaseConfig, PhaseLabel, phase_spans
-from llds.diagnostics.robust import as_float
-from llds.diagnostics.run_info import EvalPoint, HeldOut
+from llds.monitor.alarms import Alarm
+from llds.monitor.phases import PhaseConfig, PhaseLabel, phase_spans
+from llds.monitor.robust import as_float
+from llds.report.run_info import EvalPoint, HeldOut
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

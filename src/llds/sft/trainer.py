@@ -27,12 +27,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from llds.algo.lr_schedule import scheduled_lr
 from llds.errors import ConfigError
 from llds.io import atomic_write, write_json
-from llds.sft import SFTConfig
-from llds.train.forward import pack_by_length, split_lm_head
-from llds.train.lr_schedule import scheduled_lr
-from llds.train.sft_data import ExpertEpisode
+from llds.policy.forward import pack_by_length, split_lm_head
+from llds.sft.config import SFTConfig
+from llds.sft.data import ExpertEpisode
 
 _DEFAULTS = SFTConfig()  # the one set of SFT defaults; `sft_train`'s keywords fall back to it
 

@@ -7,7 +7,7 @@ Everything here reads files and never imports torch, so a report renders on any 
 Where things are kept:
 - settings: `RUN/config.yaml` (what `llds demo` writes) or, failing that, the `config` of the
   newest `RUN/checkpoints/step_N/trainer_state.json` (what every trainer checkpoint holds);
-- evaluations: `RUN/eval/step_N.json` (`llds.train.eval_result.eval_file`); the starting EM is
+- evaluations: `RUN/eval/step_N.json` (`llds.runs.eval_result.eval_file`); the starting EM is
   the run's own step-0 evaluation or, failing that, the warm start's: the model directory the
   config names, with its evaluation at `MODEL/../eval/step_000000.json` (the SFT output layout
   the demo writes) or, for a checkpoint `OTHER/checkpoints/step_N/model`, `OTHER/eval/step_N.json`.
@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 
 from llds.errors import DataFormatError
-from llds.train.eval_result import EvalResult, eval_file, eval_files
+from llds.runs.eval_result import EvalResult, eval_file, eval_files
 
 CONFIG_FILE = "config.yaml"
 LEGACY_EVAL_FILE = "eval.json"

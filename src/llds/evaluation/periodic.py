@@ -15,9 +15,9 @@ from typing import Any
 
 from llds.data.example import QAExample
 from llds.env.prompts import PromptTemplate
+from llds.evaluation.evaluate import evaluate
 from llds.rollout import RolloutConfig
-from llds.train.eval_result import EvalResult, eval_file
-from llds.train.evaluate import evaluate
+from llds.runs.eval_result import EvalResult, eval_file
 
 
 def eval_metrics(result: EvalResult) -> dict[str, float]:

@@ -30,9 +30,9 @@ from llds.algo import group_advantages
 from llds.algo.objective import Objective, grpo_objective
 from llds.data.example import QAExample
 from llds.env.prompts import PromptTemplate, build_prompt_ids
+from llds.evaluation.evaluate import ModelOnData
+from llds.policy.forward import batched_log_probs, response_log_probs
 from llds.rollout import RolloutConfig, RolloutEngine, RolloutRequest
-from llds.train.evaluate import ModelOnData
-from llds.train.forward import batched_log_probs, response_log_probs
 
 if TYPE_CHECKING:
     from llds.env.protocol import Protocol
@@ -462,9 +462,9 @@ def probe_model(
     from llds.data.loaders import load_many
     from llds.env.protocol import Protocol
     from llds.io import write_json
+    from llds.policy.config import ModelConfig
+    from llds.policy.setup import load_model
     from llds.retrieval.factory import open_retriever
-    from llds.train.config import ModelConfig
-    from llds.train.setup import load_model
 
     proto = protocol or Protocol.read(cfg.model) or Protocol()
     model, tok = load_model(ModelConfig(path=cfg.model, device=cfg.device), device_key="--device")

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from llds.diagnostics.probe import ProbeResult
+from llds.probe.one_step import ProbeResult
 
 
 def sign_test(k: int, n: int) -> float:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from llds import metrics as keys
-from llds.diagnostics.robust import (
+from llds.monitor.robust import (
     Spike,
     Trend,
     as_float,

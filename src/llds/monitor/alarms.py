@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from llds import metrics as keys
-from llds.diagnostics.phases import PhaseConfig, PhaseLabel, PhaseTracker, Sample
-from llds.diagnostics.robust import as_float, median
+from llds.monitor.phases import PhaseConfig, PhaseLabel, PhaseTracker, Sample
+from llds.monitor.robust import as_float, median
 
 AlarmKind = Literal[
     "displacement_decay",

@@ -20,9 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from llds import metrics as keys
-from llds.diagnostics.alarms import Alarm, AlarmConfig, AlarmMonitor
-from llds.diagnostics.phases import PHASES, PhaseLabel, phase_spans
-from llds.diagnostics.plots import (
+from llds.errors import DataFormatError, UserInputError
+from llds.io import atomic_write, write_json
+from llds.monitor.alarms import Alarm, AlarmConfig, AlarmMonitor
+from llds.monitor.phases import PHASES, PhaseLabel, phase_spans
+from llds.monitor.robust import as_float, median
+from llds.report.plots import (
     PHASE_COLORS,
     PHASE_NAMES,
     RUN_COLORS,
@@ -35,16 +38,7 @@ from llds.diagnostics.plots import (
     run_detail_figure,
     timeline_figure,
 )
-from llds.diagnostics.report_text import (
-    curves_caption,
-    detail_caption,
-    differences_line,
-    heldout_caption,
-    how_to_read,
-    reference_caption,
-)
-from llds.diagnostics.robust import as_float, median
-from llds.diagnostics.run_info import (
+from llds.report.run_info import (
     HeldOut,
     differing_keys,
     flatten,
@@ -53,10 +47,16 @@ from llds.diagnostics.run_info import (
     load_config,
     settings_rows,
 )
-from llds.errors import DataFormatError, UserInputError
-from llds.io import atomic_write, write_json
-from llds.train.eval_result import EvalResult, latest_eval_file
-from llds.train.tracking import METRICS_FILE, read_metrics
+from llds.report.text import (
+    curves_caption,
+    detail_caption,
+    differences_line,
+    heldout_caption,
+    how_to_read,
+    reference_caption,
+)
+from llds.runs.eval_result import EvalResult, latest_eval_file
+from llds.runs.tracking import METRICS_FILE, read_metrics
 
 EVAL_FILE = "eval.json"
 REPORT_FILE = "report.html"

@@ -13,8 +13,8 @@ from itertools import pairwise
 from typing import Any
 
 from llds import metrics as keys
-from llds.diagnostics.alarms import AlarmConfig
-from llds.diagnostics.plots import (
+from llds.monitor.alarms import AlarmConfig
+from llds.report.plots import (
     DISPLACEMENT,
     POS_FELL,
     Panel,
@@ -26,7 +26,7 @@ from llds.diagnostics.plots import (
     shared_baseline,
     shows_training_em,
 )
-from llds.diagnostics.run_info import HeldOut, differing_keys, flatten, format_setting
+from llds.report.run_info import HeldOut, differing_keys, flatten, format_setting
 
 
 def _code(name: str) -> str:

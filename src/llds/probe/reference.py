@@ -69,7 +69,7 @@ class ReferenceChains:
 
     def log_likelihoods(self, model, pad_id: int, token_budget: int) -> list[float]:
         """Each chain's summed log-likelihood of its model-written tokens under `model`."""
-        from llds.train.forward import batched_log_probs
+        from llds.policy.forward import batched_log_probs
 
         batch = self.batch(pad_id)
         logp, _ = batched_log_probs(model, batch, token_budget)

@@ -1,0 +1,1 @@
+"""The one config system: YAML files with `base:` inheritance, dotted overrides, typed checks."""

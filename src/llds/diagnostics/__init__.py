@@ -1,1 +1,0 @@
-"""LLD diagnostics: likelihood and displacement metrics, phase detection, alarms, reports."""

@@ -1,0 +1,1 @@
+"""After the run: the HTML report, its plots and words, and probe comparisons."""
