@@ -39,8 +39,8 @@ browser:
 	  || echo "chromium not installed: the report screenshot test will be skipped"; }
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests benchmarks examples
-	$(VENV)/bin/ruff format --check src tests benchmarks examples
+	$(VENV)/bin/ruff check src tests benchmarks examples experiments
+	$(VENV)/bin/ruff format --check src tests benchmarks examples experiments
 
 # pytest exits 5 when it collects nothing: treat that as a failure, never as green.
 test-main: $(STAMP) lint browser

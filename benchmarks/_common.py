@@ -1,38 +1,21 @@
-"""Helpers shared by the benchmark scripts: machine description and timing."""
+"""Helpers shared by the benchmark scripts: machine description, timing, and the in-memory
+single-turn config the timing benchmarks train."""
 
 from __future__ import annotations
 
-import gzip
-import json
-import os
-import platform
 import statistics
 import time
 from collections.abc import Callable
-from pathlib import Path
 
+from llds.report.machine import machine
 
-def machine() -> str:
-    """One line naming the CPU/GPU, core count, torch's CPU kernel set (its figures depend on it)
-    and library versions the numbers were taken on."""
-    import torch
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
-    threads = torch.get_num_threads()
-    kernels = torch.backends.cpu.get_cpu_capability()
-    return (
-        f"{cpu}, {os.cpu_count()} cores ({threads} torch threads, {kernels} CPU kernels), {dev}, "
-        f"torch {torch.__version__}, Python {platform.python_version()}"
-    )
+__all__ = [
+    "SINGLE_TURN_TEMPLATE",
+    "machine",
+    "median_time",
+    "single_turn_config",
+    "world_tokenizer",
+]
 
 
 def median_time(fn: Callable[[], object], repeats: int, warmup: int = 1) -> float:
@@ -96,29 +79,3 @@ def single_turn_config(
     )
     cfg.validate()
     return cfg
-
-
-def finished(cfg) -> bool:
-    """Whether the training run of `cfg` (a `TrainConfig`) has logged its last step."""
-    from llds.runs.tracking import read_metrics
-
-    rows = read_metrics(cfg.run_dir)  # [] when the run has not started
-    return bool(rows) and rows[-1]["step"] >= cfg.steps
-
-
-def run_unfinished(configs, parallel: int, poll_s: float = 5.0) -> None:
-    """Every run of `configs` that has not finished, each in its own process (resuming from its
-    last checkpoint), `parallel` at a time; logs go to RUN/train-TIMESTAMP.log."""
-    from pathlib import Path
-
-    from llds.train.background import run_queue
-
-    stamp = int(time.time())
-    jobs = [(c, Path(c.run_dir) / f"train-{stamp}.log") for c in configs if not finished(c)]
-    run_queue(jobs, parallel, poll_s=poll_s)
-
-
-def read_committed_metrics(path: Path) -> list[dict]:
-    """The rows of a committed run log (`metrics.jsonl.gz`, as the study results keep them)."""
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]

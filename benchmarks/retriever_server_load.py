@@ -60,7 +60,7 @@ def start_server(corpus: Path, port: int, batching: bool) -> subprocess.Popen[by
         "--no-progress",
     ]
     if not batching:
-        cmd += ["--max-batch-queries", "1"]
+        cmd += ["max_batch_queries=1"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from llds.cli import main
 from llds.config.loader import preset_names, read_yaml
-from llds.errors import ConfigError
-from llds.train.config import load_config
+from llds.errors import ConfigError, UserInputError
+from llds.train.config import check_inputs, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -65,6 +66,59 @@ def test_presets_by_name_and_as_bases(tmp_path, monkeypatch):
     assert load_config(mine).steps == 5 and load_config(mine).optim.lr == 2.0e-4
     with pytest.raises(ConfigError, match=r"not a shipped preset \(collapse, "):
         load_config("organsim")
+
+
+def test_a_preset_names_the_command_that_makes_its_missing_inputs(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # a fresh directory: nothing made yet
+    cfg = load_config("organism")
+    with pytest.raises(UserInputError) as err:
+        check_inputs(cfg)
+    assert str(err.value) == (
+        "data.train: runs/demo/world/train.jsonl does not exist (paths are relative to the "
+        "working directory); make it with `llds demo --skip-train`"
+    )
+    assert main(["train", "--config", "organism"]) == 2  # before any model is loaded
+    assert "make it with `llds demo --skip-train`" in capsys.readouterr().err
+    for made in ("world/train.jsonl", "world/test.jsonl", "world/corpus.jsonl"):
+        _write(tmp_path / "runs" / "demo" / made, "")
+    with pytest.raises(UserInputError, match=r"^model\.path: runs/demo/sft/model does not"):
+        check_inputs(cfg)
+    (tmp_path / "runs" / "demo" / "sft" / "model").mkdir(parents=True)
+    check_inputs(cfg)  # every input there
+
+
+def test_inputs_that_are_not_local_paths_are_not_checked(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(
+        None,
+        [
+            "model.path=Qwen/Qwen2.5-3B-Instruct",  # a hub id
+            "data.train=trivia:worldcapitals",
+            "retriever.source=http://127.0.0.1:8000/retrieve",
+        ],
+    )
+    check_inputs(cfg)
+    cfg = load_config(None, ["model.path=smollm2", "data.train=q.jsonl", "rollout.max_turns=0"])
+    with pytest.raises(UserInputError) as err:
+        check_inputs(cfg)
+    assert str(err.value) == (
+        "data.train: q.jsonl does not exist (paths are relative to the working directory)"
+    )
+
+
+def test_every_preset_with_local_inputs_says_how_to_make_them(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for name in preset_names():
+        if name.startswith(("sft-", "world-")):
+            continue
+        cfg = load_config(name)
+        try:
+            check_inputs(cfg)
+        except UserInputError as exc:
+            if name.startswith("search-r1-"):  # the paper's data: a download, not a command
+                assert "relative to the working directory" in str(exc), name
+            else:
+                assert cfg.make_inputs and f"make it with `{cfg.make_inputs}`" in str(exc), name
 
 
 @pytest.mark.slow

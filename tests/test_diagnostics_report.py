@@ -10,13 +10,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from llds.report import html as report_mod
 
 from llds.cli import main
 from llds.errors import DataFormatError, UserInputError
 from llds.io import write_json, write_jsonl, write_yaml
 from llds.monitor.alarms import ALARM_KINDS, AlarmConfig
 from llds.monitor.phases import PhaseConfig, detect_phases
+from llds.report import html as report_mod
 from llds.report.html import summarize, write_report
 from llds.report.plots import (
     PHASE_NAMES,

@@ -3,7 +3,6 @@ and `llds probe` read it for their defaults and every flag overrides it; one top
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import pytest
@@ -11,18 +10,17 @@ import yaml
 
 from conftest import TRAIN_BASE, make_tiny_model
 from llds.cli import main
-from llds.commands._protocol import add_protocol_arguments, resolve_protocol
+from llds.config.loader import load
 from llds.env.protocol import PROTOCOL_FILE, Protocol
 from llds.errors import ConfigError, DataFormatError
+from llds.evaluation.evaluate import ProtocolChoice
 from llds.train.config import load_config
 from llds.train.trainer import GRPOTrainer
 
 
-def _args(model_dir, *flags: str) -> argparse.Namespace:
-    p = argparse.ArgumentParser()
-    p.add_argument("--model")
-    add_protocol_arguments(p)
-    return p.parse_args(["--model", str(model_dir), *flags])
+def _resolve(model_dir, *overrides: str) -> Protocol:
+    """The protocol `protocol.KEY=VALUE` overrides resolve to for a model directory."""
+    return load(ProtocolChoice, None, overrides).resolve(str(model_dir))[0]
 
 
 def test_round_trip_and_bad_files_are_named(tmp_path):
@@ -38,24 +36,28 @@ def test_round_trip_and_bad_files_are_named(tmp_path):
         Protocol.read(tmp_path)
 
 
-def test_saved_protocol_is_the_default_and_flags_override(tmp_path, capsys):
+def test_saved_protocol_is_the_default_and_overrides_win(tmp_path):
     Protocol(prompt_template="Q: {question}\n", chat=False, topk=2, max_turns=3).write(tmp_path)
-    got = resolve_protocol(_args(tmp_path))
+    got = _resolve(tmp_path)
     assert (got.prompt_template, got.chat, got.topk, got.max_turns) == (
         "Q: {question}\n",
         False,
         2,
         3,
     )
-    assert "llds_protocol.json" in capsys.readouterr().out
+    assert ProtocolChoice().resolve(str(tmp_path))[1] == f"{tmp_path}/llds_protocol.json"
     template = tmp_path / "t.txt"
     template.write_text("Question: {question}\nAnswer:")
-    got = resolve_protocol(
-        _args(tmp_path, "--topk", "5", "--chat", "auto", "--template", str(template))
-    )
+    got = _resolve(tmp_path, "topk=5", "chat=auto", f"template={template}")
     assert (got.topk, got.chat, got.max_turns) == (5, None, 3)
     assert got.prompt_template == "Question: {question}\nAnswer:"
-    assert resolve_protocol(_args(tmp_path / "hub-id-like")) == Protocol()  # nothing saved
+    assert _resolve(tmp_path, "chat=true").chat is True
+    assert _resolve(tmp_path / "hub-id-like") == Protocol()  # nothing saved
+    with pytest.raises(
+        ConfigError,
+        match=r"^command line: chat: Input should be bool \| auto \| null, got 'sometimes'",
+    ):
+        _resolve(tmp_path, "chat=sometimes")
 
 
 def test_one_top_k(tmp_path):
@@ -121,7 +123,7 @@ def test_eval_and_probe_commands_use_the_saved_protocol(
     data, corpus = tmp_path / "world" / "test.jsonl", tmp_path / "world" / "corpus.jsonl"
     out = tmp_path / "eval.json"
     common = ["--model", str(model), "--data", str(data), "--retriever", str(corpus)]
-    assert main(["eval", *common, "--limit", "4", "--out", str(out), "--max-turn-tokens", "8"]) == 0
+    assert main(["eval", *common, "limit=4", "--out", str(out), "protocol.max_turn_tokens=8"]) == 0
     printed = capsys.readouterr().out
     assert f"{model}/llds_protocol.json" in printed and "topk=2, max_turns=2" in printed
     assert "max_turn_tokens=8" in printed  # a flag overrides one value
@@ -133,12 +135,9 @@ def test_eval_and_probe_commands_use_the_saved_protocol(
             *common,
             "--out",
             str(probe_dir),
-            "--limit",
-            "2",
-            "--group-size",
-            "2",
-            "--max-turn-tokens",
-            "8",
+            "limit=2",
+            "group_size=2",
+            "protocol.max_turn_tokens=8",
         ]
     )
     assert rc == 0 and (probe_dir / "probe.json").is_file()

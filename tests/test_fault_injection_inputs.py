@@ -129,30 +129,37 @@ def test_wandb_check_comes_before_the_metrics_log_is_rewritten(previous_run, mon
     assert_untouched(previous_run)  # resume_step=0 would have cut both rows
 
 
-@pytest.mark.parametrize("group_size", [1, 0])
-def test_group_size_below_two_is_named(inputs, tmp_path, capsys, group_size) -> None:
+@pytest.mark.parametrize(
+    ("group_size", "why"),
+    [
+        (1, "must be >= 2, got 1: GRPO's advantages are relative to the group"),
+        (0, "Input should be greater than or equal to 1, got 0"),
+    ],
+)
+def test_group_size_below_two_is_named(inputs, tmp_path, capsys, group_size, why) -> None:
     args = train(inputs, tmp_path / "run", f"rollout.group_size={group_size}")
     rc, out = cli([*args, "--print-config"], capsys)
     line = error_line(rc, out, "train")
-    assert line.startswith(f"llds train: error: rollout.group_size: must be >= 2, got {group_size}")
+    assert line.startswith(f"llds train: error: command line: rollout.group_size: {why}")
     assert "mini_batches" not in line
 
 
 @pytest.mark.parametrize(
     ("override", "key", "shown"),
     [
-        ("algo.llds.coef=nan", "algo.llds.coef", "nan"),
-        ("optim.lr=inf", "optim.lr", "inf"),
-        ("algo.kl_coef=-.inf", "algo.kl_coef", "-inf"),
-        ("algo.clip_high=nan", "algo.clip_high", "nan"),
-        ("optim.betas=[0.9, .nan]", "optim.betas[1]", "nan"),
-        ("diagnostics.rollback_llds_coef=inf", "diagnostics.rollback_llds_coef", "inf"),
+        ("algo.llds.coef=nan", "algo.llds.coef", ", got 'nan'"),  # YAML reads `nan` as text
+        ("optim.lr=inf", "optim.lr", ", got 'inf'"),
+        ("algo.kl_coef=-.inf", "algo.kl_coef", ", got -inf"),  # and `-.inf` as a float
+        ("algo.clip_high=nan", "algo.clip_high", " (or null), got 'nan'"),
+        ("optim.betas=[0.9, .nan]", "optim.betas[1]", ", got nan"),
+        ("diagnostics.rollback_llds_coef=inf", "diagnostics.rollback_llds_coef", ", got 'inf'"),
     ],
 )
 def test_non_finite_numbers_are_named(inputs, tmp_path, capsys, override, key, shown) -> None:
     rc, out = cli([*train(inputs, tmp_path / "run", override), "--print-config"], capsys)
     line = error_line(rc, out, "train")
-    assert line == f"llds train: error: {key}: must be a finite number, got {shown}"
+    why = f"Input should be a finite number{shown}"
+    assert line == f"llds train: error: command line: {key}: {why}"
 
 
 def test_cuda_device_on_a_machine_without_cuda(inputs, previous_run, capsys, monkeypatch) -> None:
@@ -164,12 +171,12 @@ def test_cuda_device_on_a_machine_without_cuda(inputs, previous_run, capsys, mon
     world = inputs / "world"
     args = ["--model", str(inputs / "model"), "--data", str(world / "test.jsonl")]
     rc, out = cli(
-        ["eval", *args, "--retriever", str(world / "corpus.jsonl"), "--device", "cuda"], capsys
+        ["eval", *args, "--retriever", str(world / "corpus.jsonl"), "device=cuda"], capsys
     )
-    assert "--device: 'cuda' needs CUDA" in error_line(rc, out, "eval")
-    sft = ["sft", "--world", str(world), "--tiny", "--tokenizer-vocab", "300", "--steps", "1"]
-    rc, out = cli([*sft, "--out", str(inputs / "sft"), "--device", "cuda:0"], capsys)
-    assert "--device: 'cuda:0' needs CUDA" in error_line(rc, out, "sft")
+    assert "device: 'cuda' needs CUDA" in error_line(rc, out, "eval")
+    sft = ["sft", f"world={world}", "tiny=true", "tokenizer_vocab=300", "steps=1"]
+    rc, out = cli([*sft, "--out", str(inputs / "sft"), "device=cuda:0"], capsys)
+    assert "device: 'cuda:0' needs CUDA" in error_line(rc, out, "sft")
     assert not (inputs / "sft").exists()
 
 
@@ -289,14 +296,21 @@ def serve_once(corpus: Path, port: int | str) -> subprocess.CompletedProcess[str
     return subprocess.run(serve_cmd(corpus, port), capture_output=True, text=True, timeout=60)
 
 
-@pytest.mark.parametrize("port", ["99999", "0", "-1"])
-def test_server_rejects_a_port_out_of_range(server_corpus, port) -> None:
+@pytest.mark.parametrize(
+    ("port", "why"),
+    [
+        ("99999", "less than or equal to 65535"),
+        ("0", "greater than or equal to 1"),
+        ("-1", "greater than or equal to 1"),
+    ],
+)
+def test_server_rejects_a_port_out_of_range(server_corpus, port, why) -> None:
     proc = serve_once(server_corpus, port)
     assert proc.returncode == 2
     output = proc.stdout + proc.stderr
     assert "Traceback" not in output and "serving" not in output
     assert proc.stderr.strip() == (
-        f"llds serve-retriever: error: --port must be between 1 and 65535, got {port}"
+        f"llds serve-retriever: error: command line: port: Input should be {why}, got {port}"
     )
 
 

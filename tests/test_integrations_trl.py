@@ -330,3 +330,47 @@ def test_two_step_run_with_search_rollout_func(
     assert logs[1]["lld/disp_incorrect"] is not None  # displacement is measured once pi moved
     after = list(model.parameters())
     assert any(not torch.equal(a.detach(), b) for a, b in zip(after, before, strict=True))
+
+
+def test_llds_fields_are_generated_from_the_one_definition():
+    import dataclasses
+
+    from llds.algo import LLDSConfig
+
+    ours = dataclasses.asdict(LLDSConfig())
+    trl_fields = {f.name: f for f in dataclasses.fields(LLDSGRPOConfig)}
+    for name, default in ours.items():
+        assert trl_fields[f"llds_{name}"].default == default, name
+        assert trl_fields[f"llds_{name}"].metadata["help"], name  # help from the docstring
+
+
+def test_llds_settings_are_validated_and_named_like_trl_arguments(tmp_path):
+    from transformers import HfArgumentParser
+
+    from llds.errors import ConfigError
+
+    cpu = {"output_dir": str(tmp_path), "use_cpu": True, "bf16": False}
+    (args,) = HfArgumentParser(LLDSGRPOConfig).parse_args_into_dataclasses(
+        [
+            "--output_dir",
+            str(tmp_path),
+            "--use_cpu",
+            "--bf16",
+            "false",
+            "--llds_gate",
+            "token",
+            "--llds_coef",
+            "0.3",
+        ]
+    )
+    assert (args.llds.gate, args.llds.coef, args.llds.aggregation) == (
+        "token",
+        0.3,
+        "seq-mean-token-mean",
+    )
+    with pytest.raises(ConfigError, match=r"^llds_gate: "):
+        LLDSGRPOConfig(**cpu, llds_gate="sentence")
+    with pytest.raises(ConfigError, match=r"^llds_coef: "):
+        LLDSGRPOConfig(**cpu, llds_coef=-1.0)
+    off = LLDSGRPOConfig(**cpu, llds_enabled=False)
+    assert off.llds.active_coef == 0.0

@@ -18,11 +18,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from llds.algo import llds_loss
+from llds.algo import LLDSConfig, llds_loss
 from llds.errors import ConfigError
 from llds.integrations.verl import (
     CONFIG_TARGET,
     LOSS_NAME,
+    base_loss_mode,
     llds_settings,
     reference_vanilla_loss,
     verl_llds_policy_loss,
@@ -149,17 +150,19 @@ def test_reference_vanilla_matches_hand_ppo_without_batch_info():
 
 
 def test_settings_defaults_and_validation():
-    s = llds_settings(SimpleNamespace(policy_loss={"loss_mode": "llds"}))
-    assert (s.coef, s.gate, s.aggregation, s.base_loss_mode) == (
+    config = SimpleNamespace(policy_loss={"loss_mode": "llds"})
+    s = llds_settings(config)
+    assert (s.coef, s.gate, s.aggregation, base_loss_mode(config)) == (
         0.2,
         "action",
         "token-mean",
         "vanilla",
     )
+    assert type(s) is LLDSConfig  # the one definition, not an adapter copy
     with pytest.raises(ConfigError, match=r"policy_loss\.llds_gate"):
         llds_settings({"policy_loss": {"llds_gate": "sentence"}})
     with pytest.raises(ConfigError, match=r"policy_loss\.llds_base_loss_mode"):
-        llds_settings({"policy_loss": {"llds_base_loss_mode": LOSS_NAME}})
+        base_loss_mode({"policy_loss": {"llds_base_loss_mode": LOSS_NAME}})
     with pytest.raises(ConfigError, match=r"policy_loss\.llds_coef"):
         llds_settings({"policy_loss": {"llds_coef": -1}})
 

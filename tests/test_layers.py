@@ -22,6 +22,7 @@ LAYERS = {
     "configs": 0,
     "io": 1,
     "config": 1,
+    "logs": 1,
     "algo": 2,
     "retrieval": 2,
     "models": 2,

@@ -40,8 +40,7 @@ def test_index_command_builds_a_loadable_index(corpus: Path, tmp_path: Path) -> 
             "--out",
             str(out),
             "--no-progress",
-            "--write-corpus",
-            str(exported),
+            f"write_corpus={exported}",
         ]
     )
     assert rc == 0
@@ -90,4 +89,9 @@ def test_serve_retriever_rejects_a_bad_topk(
 ) -> None:
     rc = main(["serve-retriever", "--corpus", str(corpus), "--topk", "0"])
     assert rc == 2
-    assert "--topk" in capsys.readouterr().err
+    assert "command line: topk: Input should be greater than or equal to 1" in (
+        capsys.readouterr().err
+    )
+    rc = main(["serve-retriever", "--corpus", str(corpus), "topk=20", "max_topk=10"])
+    assert rc == 2
+    assert "command line: topk: must be between 1 and max_topk=10" in capsys.readouterr().err

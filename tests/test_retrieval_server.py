@@ -109,9 +109,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def server(corpus: Path) -> Iterator[str]:
     port = free_port()
-    proc = start_server(
-        corpus, port, "--max-queries", "64", "--max-query-chars", "1000", "--max-topk", "50"
-    )
+    proc = start_server(corpus, port, "max_queries=64", "max_query_chars=1000", "max_topk=50")
     try:
         wait_ready(proc, port)
         yield f"http://127.0.0.1:{port}"

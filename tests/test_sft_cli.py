@@ -15,22 +15,7 @@ from llds.models import load_policy
 @pytest.fixture(scope="module")
 def world_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("world")
-    assert (
-        main(
-            [
-                "world",
-                "--out",
-                str(out),
-                "--num-entities",
-                "40",
-                "--num-train",
-                "12",
-                "--num-test",
-                "4",
-            ]
-        )
-        == 0
-    )
+    assert main(["world", "--out", str(out), "num_entities=40", "num_train=12", "num_test=4"]) == 0
     return out
 
 
@@ -41,18 +26,7 @@ def restore_threads():
     torch.set_num_threads(before)
 
 
-TINY = [
-    "--tiny",
-    "--tokenizer-vocab",
-    "400",
-    "--hidden",
-    "32",
-    "--layers",
-    "1",
-    "--threads",
-    "1",
-    "--no-progress",
-]
+TINY = ["tiny=true", "tokenizer_vocab=400", "hidden=32", "layers=1", "threads=1", "progress=false"]
 
 
 def test_cli_trains_and_writes_loadable_model(world_dir, tmp_path, capsys) -> None:
@@ -60,17 +34,12 @@ def test_cli_trains_and_writes_loadable_model(world_dir, tmp_path, capsys) -> No
     rc = main(
         [
             "sft",
-            "--world",
-            str(world_dir),
+            f"world={world_dir}",
             *TINY,
-            "--steps",
-            "3",
-            "--batch-size",
-            "4",
-            "--max-hops",
-            "1",
-            "--eval",
-            "2",
+            "steps=3",
+            "batch_size=4",
+            "max_hops=1",
+            "eval=2",
             "--out",
             str(out),
         ]
@@ -94,18 +63,15 @@ def test_cli_trains_and_writes_loadable_model(world_dir, tmp_path, capsys) -> No
 
 def test_relabeled_copies_multiply_the_trajectories_and_loss_on_all(world_dir, tmp_path) -> None:
     runs = {}
-    for name, extra in (("plain", []), ("copies", ["--relabel-copies", "2", "--loss-on", "all"])):
+    for name, extra in (("plain", []), ("copies", ["relabel_copies=2", "loss_on=all"])):
         out = tmp_path / name
         rc = main(
             [
                 "sft",
-                "--world",
-                str(world_dir),
+                f"world={world_dir}",
                 *TINY,
-                "--steps",
-                "1",
-                "--batch-size",
-                "2",
+                "steps=1",
+                "batch_size=2",
                 *extra,
                 "--out",
                 str(out),
@@ -130,13 +96,10 @@ def test_relabel_copies_refuse_an_edited_world(world_dir, tmp_path, capsys) -> N
     rc = main(
         [
             "sft",
-            "--world",
-            str(edited),
+            f"world={edited}",
             *TINY,
-            "--steps",
-            "1",
-            "--relabel-copies",
-            "1",
+            "steps=1",
+            "relabel_copies=1",
             "--out",
             str(tmp_path / "o"),
         ]
@@ -150,10 +113,7 @@ def test_config_file_then_command_line(world_dir, tmp_path) -> None:
     cfg = tmp_path / "sft.yaml"
     cfg.write_text("steps: 2\nbatch_size: 2\nlr: 0.001\nhidden: 16\n")
     out = tmp_path / "a"
-    assert (
-        main(["sft", "--world", str(world_dir), *TINY, "--config", str(cfg), "--out", str(out)])
-        == 0
-    )
+    assert main(["sft", f"world={world_dir}", *TINY, "--config", str(cfg), "--out", str(out)]) == 0
     report = json.loads((out / "sft_report.json").read_text())
     assert report["options"]["steps"] == 2 and report["options"]["hidden"] == 32  # CLI wins
     assert report["options"]["lr"] == 0.001
@@ -166,8 +126,7 @@ def test_bad_inputs_are_named(world_dir, tmp_path, capsys) -> None:
         main(
             [
                 "sft",
-                "--world",
-                str(world_dir),
+                f"world={world_dir}",
                 *TINY,
                 "--config",
                 str(cfg),
@@ -178,25 +137,25 @@ def test_bad_inputs_are_named(world_dir, tmp_path, capsys) -> None:
         == 2
     )
     err = capsys.readouterr().err
-    assert "stepz" in err and "bad.yaml" in err
-    assert main(["sft", "--world", str(tmp_path), *TINY, "--out", str(tmp_path / "y")]) == 2
+    assert f"{cfg}: stepz: unknown key (did you mean steps?)" in err
+    assert main(["sft", f"world={tmp_path}", *TINY, "--out", str(tmp_path / "y")]) == 2
     assert "not a world folder" in capsys.readouterr().err
-    assert main(["sft", "--world", str(world_dir), "--out", str(tmp_path / "z")]) == 2
-    assert "tiny (--tiny) or model (--model PATH)" in capsys.readouterr().err
+    assert main(["sft", f"world={world_dir}", "--out", str(tmp_path / "z")]) == 2
+    assert "give exactly one of tiny=true or model=PATH" in capsys.readouterr().err
     assert (
         main(
             [
                 "sft",
-                "--world",
-                str(world_dir),
+                f"world={world_dir}",
                 *TINY,
-                "--early-answer",
-                "1.5",
+                "early_answer=1.5",
                 "--out",
                 str(tmp_path / "w"),
             ]
         )
         == 2
     )
-    assert "early_answer" in capsys.readouterr().err
+    assert "command line: early_answer: Input should be less than or equal to 1" in (
+        capsys.readouterr().err
+    )
     assert not any((tmp_path / d).exists() for d in ("x", "z", "w"))

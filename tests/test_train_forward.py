@@ -13,9 +13,9 @@ import torch
 from conftest import make_tiny_model
 from llds.models.hf import enable_activation_checkpointing
 from llds.models.kv_cache import NEW_NAME, OLD_NAME, returned_cache
+from llds.policy import forward as forward_mod
 from llds.policy.forward import batched_log_probs, pooled_response_hidden, response_log_probs
 from llds.rollout.batch import Episode, RolloutBatch
-from llds.policy import forward as forward_mod
 
 
 def _batch(vocab: int, pad_id: int, *, group: int = 3, seed: int = 0) -> RolloutBatch:

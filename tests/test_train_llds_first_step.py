@@ -75,7 +75,7 @@ def test_llds_is_exactly_zero_on_the_first_step(
 
 
 def test_llds_with_one_optimizer_step_is_a_config_error():
-    with pytest.raises(ConfigError, match=r"^optim\.mini_batches: LLDS acts only"):
+    with pytest.raises(ConfigError, match=r"^command line: optim\.mini_batches: LLDS acts only"):
         load_config(None, [*REQUIRED, "optim.mini_batches=1"])
     with pytest.raises(ConfigError, match=r"optim\.mini_batches"):
         load_config(None, [*REQUIRED, "optim.mini_batches=1", "optim.epochs=1"])

@@ -1,9 +1,19 @@
 """The single `llds` command.
 
-Subcommands live in `llds.commands.<name>` modules, each exposing `HELP` (one line),
-`add_arguments(parser)` and `run(args) -> int`. They are discovered at start-up, so a new
-subcommand is one new module. Modules keep heavy imports (torch, transformers) inside `run`
-so that `llds --help` stays instant.
+Subcommands live in `llds.commands.<name>` modules, discovered at start-up, so a new subcommand
+is one new module. Each exposes `HELP` (one line) and declares its settings:
+
+    CONFIG = "llds.evaluation.evaluate:EvalConfig"   # the config class
+    ALIASES = {"--model": "model"}                    # short flags of config keys
+    LOAD = "module:function"                          # optional: its loader (default: plain)
+    REST = ("runs", "...")                            # optional: the key of positional tokens
+    def add_arguments(parser): ...                    # optional: flags that are actions
+    def run(cfg, args) -> int: ...                    # the one library call
+
+This module gives every such command `--config NAME|FILE`, `KEY=VALUE` overrides and
+`--print-config` (which prints the resolved config and returns before `run`). Only the chosen
+command's arguments are built (its config class may import torch), and modules keep heavy work
+inside `run`, so `llds --help` stays instant.
 """
 
 from __future__ import annotations
@@ -13,13 +23,21 @@ import importlib
 import pkgutil
 import sys
 from collections.abc import Sequence
+from types import ModuleType
 
 from llds import __version__, commands
+from llds.config.cli import (
+    add_config_arguments,
+    command_config,
+    config_class,
+    print_config,
+    resolve,
+)
 from llds.errors import UserInputError
 
 
-def _command_modules() -> dict[str, object]:
-    found: dict[str, object] = {}
+def _command_modules() -> dict[str, ModuleType]:
+    found: dict[str, ModuleType] = {}
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
         if info.name.startswith("_"):
             continue
@@ -29,6 +47,9 @@ def _command_modules() -> dict[str, object]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The top-level `llds` parser: `--version`, `--help` and the commands' one-line help (a
+    command's own arguments are built by `command_parser`, for that command only, so no command
+    imports another's config)."""
     parser = argparse.ArgumentParser(
         prog="llds",
         description="Train LLM search agents with GRPO + LLDS and watch for likelihood collapse.",
@@ -36,20 +57,50 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"llds {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module in _command_modules().items():
-        p = sub.add_parser(name, help=module.HELP, description=module.HELP)
-        module.add_arguments(p)
-        p.set_defaults(_run=module.run)
+        sub.add_parser(name, help=module.HELP, description=module.HELP)
     return parser
 
 
+def command_parser(name: str, module: ModuleType) -> argparse.ArgumentParser:
+    """One subcommand's parser on its own."""
+    p = argparse.ArgumentParser(prog=f"llds {name}", description=module.HELP)
+    rest, rest_help = getattr(module, "REST", (None, ""))
+    add_config_arguments(
+        p,
+        config_class(module),
+        load=resolve(module.LOAD) if hasattr(module, "LOAD") else None,
+        aliases=getattr(module, "ALIASES", {}),
+        rest=rest,
+        rest_help=rest_help,
+    )
+    if hasattr(module, "add_arguments"):
+        module.add_arguments(p)
+    p.set_defaults(_module=module, command=name)
+    return p
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """The config the command line describes, printed (`--print-config`) or run."""
+    cfg = command_config(args)
+    if args.print_config:
+        print_config(cfg)
+        return 0
+    return int(args._module.run(cfg, args) or 0)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "_run", None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    modules = _command_modules()
+    if argv and argv[0] in modules:
+        # options and KEY=VALUE overrides may come in any order: `llds report a b --out o c=d`
+        args = command_parser(argv[0], modules[argv[0]]).parse_intermixed_args(argv[1:])
+    else:  # no command first: --version, --help, a misspelt command, or nothing
+        parser = build_parser()
+        parser.parse_args(argv)
         parser.print_help()
         return 2
     try:
-        return int(args._run(args) or 0)
+        return run_command(args)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -16,9 +16,12 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from pydantic import Field
+
+from llds.config.schema import section
 
 if TYPE_CHECKING:
     from llds.runs.eval_result import EvalResult
@@ -28,20 +31,31 @@ if TYPE_CHECKING:
 TEMPLATE = "Question: {question}\n"
 
 
-@dataclass
+@section
 class DemoConfig:
-    """The demo's knobs; None takes the value of the `sft-demo` / `organism` presets."""
+    """`llds demo`: the demo's knobs; null takes the value of the `sft-demo` / `organism`
+    presets."""
 
     out: str = "runs/demo"
+    """output directory: world/, sft/, grpo/, grpo_llds/, report/"""
     seed: int = 0
-    relabel_copies: int | None = None
-    early_answer: float | None = None
-    sft_steps: int | None = None
-    hidden: int | None = None
-    layers: int | None = None
-    grpo_steps: int = 50
-    eval_questions: int = 120
+    """seed of the world, the warm start and both runs"""
+    relabel_copies: int | None = Field(default=None, ge=0)
+    """relabeled copies of the world in the warm start (sft-demo: 8)"""
+    early_answer: float | None = Field(default=None, ge=0, le=1)
+    """share of warm-start trajectories that stop searching early (sft-demo: 0.5)"""
+    sft_steps: int | None = Field(default=None, ge=1)
+    """warm-start SFT steps (sft-demo: 1200)"""
+    hidden: int | None = Field(default=None, ge=1)
+    """hidden size of the tiny model (sft-demo: 128)"""
+    layers: int | None = Field(default=None, ge=1)
+    """layers of the tiny model (sft-demo: 2)"""
+    grpo_steps: int = Field(default=50, ge=1)
+    """training steps of each GRPO run"""
+    eval_questions: int = Field(default=120, ge=1)
+    """held-out questions in the final evaluation"""
     skip_train: bool = False
+    """stop after the warm start"""
 
 
 def sft_config(cfg: DemoConfig, out: Path) -> SFTConfig:

@@ -4,6 +4,7 @@ The names exported here are the project's stable public API.
 """
 
 from llds.algo.advantages import group_advantages, group_index
+from llds.algo.config import AlgoConfig, LLDSConfig
 from llds.algo.kl import kl_penalty
 from llds.algo.llds import (
     GATES,
@@ -15,7 +16,13 @@ from llds.algo.llds import (
 )
 from llds.algo.logprobs import token_entropy, token_log_probs, token_log_probs_and_entropy
 from llds.algo.masking import AGGREGATIONS, aggregate, masked_mean, masked_sum
-from llds.algo.objective import Objective, grpo_objective, llds_term
+from llds.algo.objective import (
+    TermInputs,
+    grpo_objective,
+    llds_term,
+    register_loss_term,
+    registered_loss_terms,
+)
 from llds.algo.policy_loss import policy_loss
 from llds.algo.segments import action_segments, broadcast_segments, segment_sums
 
@@ -23,7 +30,9 @@ __all__ = [
     "AGGREGATIONS",
     "GATES",
     "LLDS_AGGREGATIONS",
-    "Objective",
+    "AlgoConfig",
+    "LLDSConfig",
+    "TermInputs",
     "action_segments",
     "aggregate",
     "answer_weight_schedule",
@@ -39,6 +48,8 @@ __all__ = [
     "masked_sum",
     "policy_loss",
     "preserving_mask",
+    "register_loss_term",
+    "registered_loss_terms",
     "segment_sums",
     "token_entropy",
     "token_log_probs",

@@ -1,43 +1,89 @@
 """The algorithm's settings, defined once next to the math they parameterise.
 
-The native trainer, the probe and the TRL and veRL adapters all read these.
+The native trainer, the one-step probe and the TRL and veRL adapters all read these classes: the
+adapters expose `LLDSConfig`'s fields under their framework's naming (`llds_<field>`) with
+`engine_fields`, and turn them back into an `LLDSConfig` with `from_engine`, so a field, its
+type, default, range and help exist once. Equation numbers are those of the paper (arXiv
+2512.04220, v2) unless another source is named.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal
+import dataclasses
+import typing
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import Field
+
+from llds.algo.kl import KLKind
+from llds.algo.llds import Gate, LLDSAggregation
+from llds.algo.masking import Aggregation
+from llds.algo.policy_loss import RatioType
+from llds.config.schema import SECTION_KEY, section
+from llds.errors import ConfigError
 
 
-@dataclass
+@section(key="algo.llds")
 class LLDSConfig:
+    """LLDS: likelihood-preserving regularization (Section 3), `L = L_GRPO + coef * L_LLDS`."""
+
     enabled: bool = True
-    coef: float = 0.2
-    gate: str = "action"
-    aggregation: str = "seq-mean-token-mean"
+    """add the LLDS term; off keeps every `lld/*` measurement"""
+    coef: float = Field(default=0.2, ge=0, allow_inf_nan=False)
+    """lambda in `L = L_GRPO + lambda * L_LLDS` (Eq. 4): the paper's 0.2, 0.3 for
+    Qwen2.5-7B-Instruct; 0 adds nothing"""
+    gate: Gate = "action"
+    """which units may be penalised (Section 3): `action` (g_{i,t}: an action whose summed
+    d > 0; the paper's default, best in its ablation), `response` (g_i, v1's method) or `token`
+    (no gate)"""
+    aggregation: LLDSAggregation = "seq-mean-token-mean"
+    """`seq-mean-token-mean`: Eq. 4, the mean over preserving responses of each response's penalty
+    over its action-token count; `token-mean`: the authors' code, the penalty summed over the
+    batch over the model-token count of all responses"""
     mask_answer: bool = False
-    """LLDS-MA: weight the final answer span by beta"""
-    answer_weight: float | None = None
-    """fixed beta for LLDS-MA; null = the paper's schedule min(V / baseline, 1)"""
-    answer_baseline: float = 2.0
+    """LLDS-MA: weight the final `<answer>` span by beta, against premature answering"""
+    answer_weight: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    """fixed beta for LLDS-MA; null = the paper's schedule min(V / answer_baseline, 1), V the mean
+    valid searches per rollout of the batch"""
+    answer_baseline: float = Field(default=2.0, gt=0, allow_inf_nan=False)
+    """the divisor of LLDS-MA's schedule (the paper's 2)"""
     first_update: Literal["zero", "computed"] = "zero"
     """LLDS on the first optimizer step of each rollout batch, where pi_theta == pi_old and
     `d = log pi_old - log pi_theta` is only float rounding noise. `zero`: LLDS is exactly 0 there
     (value and gradient), as in exact arithmetic. `computed`: evaluate it on whatever d the
     floats give, as the authors' code does; the gate then opens on noise."""
 
+    @property
+    def active_coef(self) -> float:
+        """The coefficient the objective uses: 0 when LLDS is disabled."""
+        return self.coef if self.enabled else 0.0
 
-@dataclass
+
+@section(key="algo")
 class AlgoConfig:
+    """GRPO's objective (Section 1) and where its inputs come from."""
+
     normalize_std: bool = True
-    clip_low: float = 0.2
-    clip_high: float | None = None
-    ratio_type: Literal["token", "sequence"] = "token"
-    dual_clip: float | None = None
-    aggregation: str = "token-mean"
-    kl_coef: float = 0.001
-    kl_kind: Literal["k1", "k2", "k3", "low_var_kl", "abs"] = "low_var_kl"
-    entropy_coef: float = 0.0
+    """divide group advantages by the group's std (GRPO); false = Dr. GRPO's mean-centering"""
+    clip_low: float = Field(default=0.2, gt=0, lt=1, allow_inf_nan=False)
+    """PPO clip epsilon: the ratio is clipped to [1 - clip_low, 1 + clip_high]"""
+    clip_high: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    """upper clip epsilon; null = clip_low; larger = DAPO's clip-higher (arXiv 2503.14476)"""
+    ratio_type: RatioType = "token"
+    """`token`: PPO's per-token ratio; `sequence`: GSPO's length-normalised sequence ratio
+    (arXiv 2507.18071)"""
+    dual_clip: float | None = Field(default=None, gt=1, allow_inf_nan=False)
+    """dual-clip bound c (> 1) on the loss of negative-advantage tokens (arXiv 1912.09729)"""
+    aggregation: Aggregation = "token-mean"
+    """how per-token losses become one number: `token-mean` (DAPO), `seq-mean-token-mean` (GRPO's
+    paper), `seq-mean-token-sum`, `seq-mean-token-sum-norm` (Dr. GRPO)"""
+    kl_coef: float = Field(default=0.001, ge=0, allow_inf_nan=False)
+    """weight of KL(pi_theta || pi_ref) to the starting policy (Search-R1: 0.001)"""
+    kl_kind: KLKind = "low_var_kl"
+    """KL estimator: k1, k2, k3, low_var_kl (clamped k3, Search-R1's), abs"""
+    entropy_coef: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+    """weight of the entropy bonus (subtracted from the loss); 0 = none"""
     old_logprobs: Literal["auto", "rollout", "recompute"] = "auto"
     """where pi_old comes from. `rollout`: the log-probs the rollout engine computed from the very
     logits it sampled from (no extra forward pass). `recompute`: a separate no-grad forward over
@@ -45,5 +91,61 @@ class AlgoConfig:
     forward's (low-precision kernels). `auto`: rollout for float32 models without LLDS (both
     agree to float rounding), recompute otherwise: LLDS's hinge max(0, pi_old - pi_theta) sits
     at exactly 0 on the first optimizer step, where rounding noise alone would open it."""
-    llds: LLDSConfig = field(default_factory=LLDSConfig)
+    llds: LLDSConfig = dataclasses.field(default_factory=LLDSConfig)
+    """the LLDS regularizer"""
+    extra_terms: dict[str, float] = dataclasses.field(default_factory=dict)
+    """coefficients of loss terms registered with `llds.algo.register_loss_term`, by name; the
+    objective adds each named term (see docs/architecture.md, "Where new things go")"""
     format_reward: bool = False
+    """Search-R1's format-aware reward instead of plain exact match"""
+
+
+# ------------------------------------------------------------------ adapters' view of LLDSConfig
+
+
+def engine_fields(
+    prefix: str = "llds_", *, plain_types: bool = False, **defaults: Any
+) -> list[tuple[str, Any, Any]]:
+    """`LLDSConfig`'s fields for a framework's flat config dataclass: `(prefix + name, type,
+    dataclasses.field)` triples for `dataclasses.make_dataclass`, each with its help text in
+    `metadata["help"]` (what Hugging Face's argument parser shows). `defaults` replaces a field's
+    default for that engine (veRL's adapter defaults `aggregation` to `token-mean`).
+    `plain_types` declares choices as `str`, for config systems that cannot hold a `Literal`
+    (OmegaConf); `from_engine` validates the values either way."""
+    unknown = set(defaults) - {f.name for f in dataclasses.fields(LLDSConfig)}
+    if unknown:
+        raise ValueError(f"not LLDSConfig fields: {sorted(unknown)}")
+    out = []
+    for name, info in LLDSConfig.__pydantic_fields__.items():
+        default = defaults.get(name, info.default)
+        help_text = " ".join((info.description or "").split())
+        spec = dataclasses.field(default=default, metadata={"help": help_text})
+        kind = info.annotation
+        if plain_types and typing.get_origin(kind) is Literal:
+            kind = str
+        out.append((prefix + name, kind, spec))
+    return out
+
+
+def from_engine(
+    values: Any, prefix: str = "llds_", *, where: str = "", **defaults: Any
+) -> LLDSConfig:
+    """The `LLDSConfig` a framework config holds under `prefix + name` keys (an object with those
+    attributes, or a mapping). A bad value is one `ConfigError` line naming the framework's key
+    (after `where`, e.g. `policy_loss.`); a key it does not set takes `defaults`' value, else
+    `LLDSConfig`'s default."""
+    given: dict[str, Any] = dict(defaults)
+    for f in dataclasses.fields(LLDSConfig):
+        key = prefix + f.name
+        value = values.get(key) if isinstance(values, Mapping) else getattr(values, key, None)
+        if value is not None or (f.name == "answer_weight" and _has(values, key)):
+            given[f.name] = value
+    try:
+        return LLDSConfig(**given)
+    except ConfigError as exc:  # "algo.llds.gate: ..." -> "<where>llds_gate: ..."
+        text = str(exc).removeprefix(getattr(LLDSConfig, SECTION_KEY) + ".")
+        raise ConfigError(f"{where}{prefix}{text}") from None
+
+
+def _has(values: Any, key: str) -> bool:
+    return key in values if isinstance(values, Mapping) else hasattr(values, key)

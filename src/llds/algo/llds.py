@@ -22,6 +22,7 @@ from llds.algo.segments import action_segments, broadcast_segments, segment_sums
 
 Gate = Literal["token", "response", "action"]
 GATES: tuple[str, ...] = ("token", "response", "action")
+LLDSAggregation = Literal["seq-mean-token-mean", "token-mean"]
 LLDS_AGGREGATIONS: tuple[str, ...] = ("seq-mean-token-mean", "token-mean")
 
 

@@ -1,44 +1,97 @@
-"""The GRPO (+LLDS) objective of one micro-batch, as one pure function.
+"""The GRPO (+LLDS) objective of one micro-batch: a sum of named loss terms.
 
-    loss = policy_loss + kl_coef * KL(pi_theta || pi_ref) - entropy_coef * H + LLDS
+    loss = policy + kl_coef * KL(pi_theta || pi_ref) - entropy_coef * H + LLDS + extra terms
 
-The trainer, the one-step probe and the Python API compose the loss only through
-`grpo_objective`; the TRL and veRL adapters add its LLDS part, `llds_term`, to their framework's
-policy loss; every term is one of the tested functions of `llds.algo`. Denominators can be
-given (`num_sequences`, `num_tokens`, `num_preserving`) so that micro-batches and processes add
-up to the loss of the whole mini-batch.
+Each term is a pure function registered by name (`register_loss_term`), as veRL registers its
+policy losses: it reads what it needs from `TermInputs` and its coefficient from `AlgoConfig`,
+and returns its contribution to the loss (coefficient applied, or None when it adds nothing) with
+its statistics. The built-in terms always run, in the order above; a term registered elsewhere
+runs when `AlgoConfig.extra_terms` names it. The trainer and the one-step probe compose the loss
+only through `grpo_objective`; the TRL and veRL adapters keep their framework's policy loss and
+add `llds_term`. Denominators can be given (`num_sequences`, `num_tokens`, `num_preserving`) so
+that micro-batches and processes add up to the loss of the whole mini-batch.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from torch import Tensor
 
+from llds.algo.config import AlgoConfig, LLDSConfig
 from llds.algo.kl import kl_penalty
 from llds.algo.llds import llds_loss
 from llds.algo.masking import aggregate
 from llds.algo.policy_loss import policy_loss
+from llds.errors import ConfigError
 
 POLICY_STATS = ("clip_frac_low", "clip_frac_high", "approx_kl", "ratio_mean")
+EXTRA_LOSS_PREFIX = "loss/"
+"""An extra term's contribution is reported as `loss/<name>`, beside the term's own stats."""
 LLDS_STATS = ("gate_frac", "penalized_token_frac", "mean_penalty")
 
 
 @dataclass(frozen=True)
-class Objective:
-    """The coefficients and choices of the objective (see `AlgoConfig` for their meaning)."""
+class TermInputs:
+    """Everything a loss term may read: `[B, T]` per-token tensors of one micro-batch (`[B]` for
+    advantages) and the denominators that make micro-batches add up."""
 
-    clip_low: float = 0.2
-    clip_high: float | None = None
-    ratio_type: str = "token"
-    dual_clip: float | None = None
-    aggregation: str = "token-mean"
-    kl_coef: float = 0.0
-    kl_kind: str = "low_var_kl"
-    entropy_coef: float = 0.0
-    llds_coef: float = 0.0
-    llds_gate: str = "action"
-    llds_aggregation: str = "seq-mean-token-mean"
+    log_probs: Tensor
+    """log pi_theta of the taken tokens, with gradient"""
+    old_log_probs: Tensor
+    advantages: Tensor
+    loss_mask: Tensor
+    ref_log_probs: Tensor | None = None
+    entropy: Tensor | None = None
+    answer_mask: Tensor | None = None
+    answer_weight: float = 1.0
+    llds_acts: bool = True
+    """False on a rollout batch's first optimizer step: LLDS then reports statistics only"""
+    num_sequences: float | Tensor | None = None
+    num_tokens: float | Tensor | None = None
+    num_preserving: float | Tensor | None = None
+
+
+Term = tuple[Tensor | None, dict[str, Tensor]]
+"""A term's contribution to the loss (None: adds nothing) and its detached statistics."""
+
+LossTerm = Callable[[TermInputs, AlgoConfig], Term]
+
+_REGISTRY: dict[str, LossTerm] = {}
+BUILT_IN_TERMS = ("policy", "kl", "entropy", "llds")
+
+
+def register_loss_term(name: str) -> Callable[[LossTerm], LossTerm]:
+    """Register `fn(inputs, algo) -> (contribution | None, stats)` as the loss term `name`.
+
+    A term other than the built-ins runs when `algo.extra_terms` has its name; it reads its
+    coefficient from there. Registering a taken name is an error (no silent replacement)."""
+
+    def add(fn: LossTerm) -> LossTerm:
+        if name in _REGISTRY and _REGISTRY[name] is not fn:
+            raise ValueError(f"a loss term named {name!r} is already registered")
+        _REGISTRY[name] = fn
+        return fn
+
+    return add
+
+
+def registered_loss_terms() -> tuple[str, ...]:
+    """The names of every registered term, built-ins first."""
+    return tuple(_REGISTRY)
+
+
+def active_terms(algo: AlgoConfig) -> list[tuple[str, LossTerm]]:
+    """The terms the objective sums for `algo`: the built-ins, then `algo.extra_terms` in order."""
+    missing = [n for n in algo.extra_terms if n not in _REGISTRY or n in BUILT_IN_TERMS]
+    if missing:
+        extra = [n for n in _REGISTRY if n not in BUILT_IN_TERMS]
+        raise ConfigError(
+            f"algo.extra_terms: {missing} not registered as extra loss terms "
+            f"(registered: {extra or 'none'}; register with llds.algo.register_loss_term)"
+        )
+    return [(n, _REGISTRY[n]) for n in (*BUILT_IN_TERMS, *algo.extra_terms)]
 
 
 def grpo_objective(
@@ -46,7 +99,7 @@ def grpo_objective(
     old_log_probs: Tensor,
     advantages: Tensor,
     loss_mask: Tensor,
-    objective: Objective,
+    algo: AlgoConfig,
     *,
     ref_log_probs: Tensor | None = None,
     entropy: Tensor | None = None,
@@ -61,57 +114,107 @@ def grpo_objective(
     metrics (`policy/*`, `llds/*`).
 
     The KL term is added when `ref_log_probs` is given, the entropy bonus when `entropy` is
-    given and `entropy_coef > 0`, LLDS when `llds_coef > 0`. With `llds_acts=False` LLDS is
-    evaluated on detached log-probs for its statistics and adds nothing (value and gradient 0):
-    the first optimizer step of a rollout batch, where d is only rounding noise.
+    given and `entropy_coef > 0`, LLDS when `algo.llds` is enabled with `coef > 0`. With
+    `llds_acts=False` LLDS is evaluated on detached log-probs for its statistics and adds nothing
+    (value and gradient 0): the first optimizer step of a rollout batch, where d is only rounding
+    noise.
     """
-    o = objective
-    pg, st = policy_loss(
+    x = TermInputs(
         log_probs,
         old_log_probs,
         advantages,
         loss_mask,
-        clip_low=o.clip_low,
-        clip_high=o.clip_high,
-        ratio_type=o.ratio_type,
-        dual_clip=o.dual_clip,
-        aggregation=o.aggregation,
-        num_sequences=num_sequences,
-        num_tokens=num_tokens,
+        ref_log_probs,
+        entropy,
+        answer_mask,
+        answer_weight,
+        llds_acts,
+        num_sequences,
+        num_tokens,
+        num_preserving,
     )
-    loss = pg
-    stats: dict[str, Tensor] = {"policy/pg_loss": pg.detach()}
+    terms = {name: term(x, algo) for name, term in active_terms(algo)}
+    loss = sum(value for value, _ in terms.values() if value is not None)
+    stats = {key: v for _, term_stats in terms.values() for key, v in term_stats.items()}
+    for name in algo.extra_terms:
+        value = terms[name][0]
+        if value is not None:
+            stats[EXTRA_LOSS_PREFIX + name] = value.detach()
+    return loss, stats  # type: ignore[return-value]
+
+
+@register_loss_term("policy")
+def policy_term(x: TermInputs, algo: AlgoConfig) -> Term:
+    """PPO's clipped surrogate (`policy/pg_loss` and the clip and ratio statistics)."""
+    pg, st = policy_loss(
+        x.log_probs,
+        x.old_log_probs,
+        x.advantages,
+        x.loss_mask,
+        clip_low=algo.clip_low,
+        clip_high=algo.clip_high,
+        ratio_type=algo.ratio_type,
+        dual_clip=algo.dual_clip,
+        aggregation=algo.aggregation,
+        num_sequences=x.num_sequences,
+        num_tokens=x.num_tokens,
+    )
+    stats = {"policy/pg_loss": pg.detach()}
     stats.update({f"policy/{k}": st[k] for k in (*POLICY_STATS, "ratio_max", "ratio_min")})
-    if ref_log_probs is not None:
-        kl_tok = kl_penalty(log_probs, ref_log_probs, o.kl_kind)
-        kl = aggregate(
-            kl_tok, loss_mask, o.aggregation, num_sequences=num_sequences, num_tokens=num_tokens
-        )
-        loss = loss + o.kl_coef * kl
-        stats["policy/kl"] = kl.detach()
-    if entropy is not None and o.entropy_coef > 0:
-        ent = aggregate(
-            entropy, loss_mask, o.aggregation, num_sequences=num_sequences, num_tokens=num_tokens
-        )
-        loss = loss - o.entropy_coef * ent
-    if o.llds_coef > 0:
-        reg, lst = llds_term(
-            log_probs,
-            old_log_probs,
-            advantages,
-            loss_mask,
-            o,
-            answer_mask=answer_mask,
-            answer_weight=answer_weight,
-            acts=llds_acts,
-            num_sequences=num_preserving,
-            num_tokens=num_tokens,
-        )
-        if llds_acts:
-            loss = loss + reg
-        stats["llds/loss"] = lst["llds/loss"]
-        stats.update({f"llds/{k}": lst[f"llds/{k}"] for k in LLDS_STATS})
-    return loss, stats
+    return pg, stats
+
+
+@register_loss_term("kl")
+def kl_term(x: TermInputs, algo: AlgoConfig) -> Term:
+    """`kl_coef * KL(pi_theta || pi_ref)` when reference log-probs are given (`policy/kl`)."""
+    if x.ref_log_probs is None:
+        return None, {}
+    kl_tok = kl_penalty(x.log_probs, x.ref_log_probs, algo.kl_kind)
+    kl = aggregate(
+        kl_tok,
+        x.loss_mask,
+        algo.aggregation,
+        num_sequences=x.num_sequences,
+        num_tokens=x.num_tokens,
+    )
+    return algo.kl_coef * kl, {"policy/kl": kl.detach()}
+
+
+@register_loss_term("entropy")
+def entropy_term(x: TermInputs, algo: AlgoConfig) -> Term:
+    """The entropy bonus, `-entropy_coef * H`."""
+    if x.entropy is None or algo.entropy_coef <= 0:
+        return None, {}
+    ent = aggregate(
+        x.entropy,
+        x.loss_mask,
+        algo.aggregation,
+        num_sequences=x.num_sequences,
+        num_tokens=x.num_tokens,
+    )
+    return -(algo.entropy_coef * ent), {}
+
+
+@register_loss_term("llds")
+def llds_objective_term(x: TermInputs, algo: AlgoConfig) -> Term:
+    """The LLDS term (`llds/*`); statistics only while `llds_acts` is false."""
+    if algo.llds.active_coef <= 0:
+        return None, {}
+    reg, lst = llds_term(
+        x.log_probs,
+        x.old_log_probs,
+        x.advantages,
+        x.loss_mask,
+        algo.llds,
+        answer_mask=x.answer_mask,
+        answer_weight=x.answer_weight,
+        acts=x.llds_acts,
+        num_sequences=x.num_preserving,
+        num_tokens=x.num_tokens,
+    )
+    stats = {"llds/loss": lst["llds/loss"]}
+    stats.update({f"llds/{k}": lst[f"llds/{k}"] for k in LLDS_STATS})
+    return (reg if x.llds_acts else None), stats
 
 
 def llds_term(
@@ -119,7 +222,7 @@ def llds_term(
     old_log_probs: Tensor,
     advantages: Tensor,
     loss_mask: Tensor,
-    objective: Objective,
+    settings: LLDSConfig,
     *,
     answer_mask: Tensor | None = None,
     answer_weight: float = 1.0,
@@ -127,23 +230,23 @@ def llds_term(
     num_sequences: float | Tensor | None = None,
     num_tokens: float | Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """The LLDS term of the objective, `llds_coef * L_LLDS`, and its statistics (`llds/*`).
+    """The LLDS term of the objective, `coef * L_LLDS` (Eq. 4), and its statistics (`llds/*`).
 
     `grpo_objective` adds it to the policy loss; the TRL and veRL adapters, which keep their
     framework's own policy loss, add it to theirs. With `acts=False` the penalty is evaluated on
-    detached log-probs: the statistics describe it, the term is exactly 0 with no gradient.
+    detached log-probs: the statistics describe it, the term is exactly 0 with no gradient. A
+    disabled `settings` gives coefficient 0.
     """
-    o = objective
     reg, st = llds_loss(
         log_probs if acts else log_probs.detach(),
         old_log_probs,
         advantages,
         loss_mask,
-        coef=o.llds_coef,
-        gate=o.llds_gate,
+        coef=settings.active_coef,
+        gate=settings.gate,
         answer_mask=answer_mask,
         answer_weight=answer_weight,
-        aggregation=o.llds_aggregation,
+        aggregation=settings.aggregation,
         num_sequences=num_sequences,
         num_tokens=num_tokens,
     )

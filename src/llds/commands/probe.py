@@ -1,34 +1,29 @@
 """`llds probe`: the one-step per-question likelihood-displacement probe.
 
-A thin adapter: the flags are `ProbeConfig`'s fields and the protocol flags; the work is
-`llds.probe.one_step.probe_model`.
+A thin adapter: the keys are `ProbeConfig`'s fields (the protocol's under `protocol.`); the work
+is `llds.probe.one_step.probe_model`.
 """
 
 from __future__ import annotations
 
 import argparse
-
-from llds.commands._protocol import add_protocol_arguments, resolve_protocol
+from typing import Any
 
 HELP = (
     "one GRPO step per question from the same weights: did its correct responses lose likelihood?"
 )
+ALIASES = {"--model": "model", "--data": "data", "--retriever": "retriever", "--out": "out"}
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    from llds.config.loader import add_dataclass_arguments
-    from llds.probe.one_step import ProbeConfig
-
-    add_dataclass_arguments(p, ProbeConfig, required=("model", "data", "retriever", "out"))
-    add_protocol_arguments(p)
+CONFIG = "llds.probe.one_step:ProbeConfig"
 
 
-def run(args: argparse.Namespace) -> int:
-    from llds.config.loader import from_dict, given_arguments
-    from llds.probe.one_step import ProbeConfig, probe_model
+def run(cfg: Any, args: argparse.Namespace) -> int:
+    from llds.probe.one_step import probe_model
 
-    cfg = from_dict(ProbeConfig, given_arguments(args, ProbeConfig))
-    summary, results = probe_model(cfg, resolve_protocol(args))
+    protocol, source = cfg.protocol.resolve(cfg.model)
+    print(f"protocol from {source}, overrides applied: {protocol}")
+    summary, results = probe_model(cfg, protocol)
     if results:
         print(
             f"probed {summary['probed']} questions with mixed groups; "

@@ -1,35 +1,27 @@
-"""`llds report`: HTML report comparing training runs (phases, alarms, LLD curves)."""
+"""`llds report`: HTML report comparing training runs (phases, alarms, LLD curves).
+
+Positional tokens are run directories, except those whose text before the first `=` is a
+dotted key (`out=runs/report`): those are overrides. A directory whose name contains `=` is
+written with a `./` in front, or listed under `runs:` in a config file.
+"""
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
+from typing import Any
 
 HELP = "HTML report comparing runs: reward, likelihoods, displacement, phases and alarms"
+ALIASES = {"--out": "out", "--labels": "labels"}
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories to compare")
-    p.add_argument(
-        "--out",
-        default=None,
-        help="output directory (default: RUN_DIR/report for one run, ./llds_report otherwise)",
-    )
-    p.add_argument("--labels", default=None, help="comma-separated run labels, e.g. grpo,llds")
+CONFIG = "llds.report.config:ReportConfig"
+REST = ("runs", ", and run directories")
+"""the key that takes the positional tokens that are not overrides, and their help"""
 
 
-def run(args: argparse.Namespace) -> int:
-    from llds.errors import UserInputError
+def run(cfg: Any, args: argparse.Namespace) -> int:
     from llds.report.html import write_report
 
-    labels = None
-    if args.labels is not None:
-        labels = [s.strip() for s in args.labels.split(",")]
-        if any(not s for s in labels):
-            raise UserInputError(f"--labels {args.labels!r}: empty label")
-    out = args.out
-    if out is None:
-        out = Path(args.run_dirs[0]) / "report" if len(args.run_dirs) == 1 else Path("llds_report")
-    path = write_report(args.run_dirs, out, labels=labels)
+    path = write_report(cfg.runs, cfg.out_dir(), labels=cfg.labels)
     print(f"report written to {path}")
     return 0

@@ -1,22 +1,28 @@
-"""`llds train`: GRPO (+LLDS) training from a YAML config with key=value overrides."""
+"""`llds train`: GRPO (+LLDS) training from a config with key=value overrides."""
 
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 HELP = (
     "train a search agent with GRPO + LLDS (resumes from run_dir's newest valid checkpoint; "
     "see --no-resume and --allow-config-change)"
 )
+ALIASES = {
+    "--model": "model.path",
+    "--data": "data.train",
+    "--retriever": "retriever.source",
+    "--out": "run_dir",
+}
+
+
+CONFIG = "llds.train.config:TrainConfig"
+LOAD = "llds.train.config:load_config"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--config", help="a YAML config file, or a shipped preset by name (organism, collapse, ...)"
-    )
-    p.add_argument(
-        "overrides", nargs="*", help="dotted overrides, e.g. algo.llds.coef=0.3 steps=50"
-    )
+    """The flags that are actions, not settings."""
     p.add_argument(
         "--no-resume",
         action="store_true",
@@ -34,25 +40,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "refused. steps, run_dir, threads, save_every, keep_checkpoints and logging.* may "
         "always change",
     )
-    p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
 
 
-def run(args: argparse.Namespace) -> int:
-    import logging
+def run(cfg: Any, args: argparse.Namespace) -> int:
+    from llds.logs import setup_logging
+    from llds.train.config import check_inputs
 
-    import yaml
-    from rich.logging import RichHandler
-
-    from llds.config.loader import to_dict
-    from llds.train.config import load_config
-
-    cfg = load_config(args.config, args.overrides)
-    if args.print_config:
-        print(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-        return 0
-    logging.basicConfig(
-        level=logging.INFO, format="%(message)s", handlers=[RichHandler(show_path=False)]
-    )
+    check_inputs(cfg)
+    setup_logging(cfg.logging.verbose)
     from llds.train import run as train_run
 
     train_run(cfg, resume=not args.no_resume, allow_config_change=args.allow_config_change)

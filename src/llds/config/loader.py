@@ -1,61 +1,117 @@
-"""Typed configs: nested dataclasses loaded from YAML, overridden by `dotted.key=value` pairs.
+"""Loading a config: YAML files with `base:` inheritance, then `dotted.key=value` overrides, then
+pydantic's validation of the merged mapping against the config class.
 
-Every unknown key and every badly typed value is reported with its full dotted name, so a typo
-in a 60-line YAML file is one line of error, not a traceback.
+The loader only reads and merges; types, choices, ranges and unknown keys are the config class's
+business (`llds.config.schema`). It remembers which file or command line set each key, so an
+error is one line naming both: `my.yaml: optim.lr: Input should be greater than 0, got -1.0`.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import types
-import typing
+import functools
+import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
+from pydantic import TypeAdapter, ValidationError
 
+from llds.config.schema import config_error, missing
+from llds.config.types import field_type, section_type, takes_text
 from llds.errors import ConfigError
 
 T = TypeVar("T")
 
+BASE_KEY = "base"
+PRESET_PACKAGE = "llds.configs"
+COMMAND_LINE = "command line"
+"""The source named in errors about overrides given as `key=value` text."""
+ARGUMENTS = "arguments"
+"""The source named in errors about overrides given as a Python mapping."""
+
+Overrides = Sequence[str] | Mapping[str, Any]
+"""`["optim.lr=1e-5", "steps=10"]` (command-line text), `{"optim.lr": 1e-5}` (values), or
+`{"optim.lr": Override(...)}` (command-line text already split, as `llds.config.cli` passes)."""
+
+
+# ------------------------------------------------------------------------------ overrides
+
 
 @dataclasses.dataclass(frozen=True)
 class Override:
-    """A command-line value: parsed as YAML for typed fields, kept verbatim for string fields
+    """A command-line value: parsed as YAML for typed fields, kept verbatim for text fields
     (so `data.prompt_template=Question: {question}` stays text, not a YAML mapping)."""
 
     raw: str
     parsed: Any
 
 
+def parse_override(raw: str) -> Override:
+    """The text after `=`, with its YAML reading (the text itself when it is not YAML)."""
+    try:
+        parsed = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        parsed = raw  # not YAML: only a text field can take it
+    return Override(raw, parsed)
+
+
+def split_override(pair: str) -> tuple[str, str]:
+    """`"algo.llds.coef=0.3"` -> `("algo.llds.coef", "0.3")`; the key must be dotted names."""
+    if "=" not in pair:
+        raise ConfigError(f"override {pair!r} is not of the form key=value")
+    key, raw = pair.split("=", 1)
+    key = key.strip()
+    if not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"override {pair!r} has an empty key")
+    return key, raw
+
+
 def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
-    """`["algo.llds.coef=0.3", "steps=10"]` -> nested dict of `Override` leaves."""
+    """`["algo.llds.coef=0.3", "steps=10"]` -> nested dict of `Override` leaves (a key given
+    twice: the later wins)."""
+    return nest({key: parse_override(raw) for key, raw in map(split_override, pairs)})
+
+
+def nest(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """`{"a.b": 1, "c": 2}` -> `{"a": {"b": 1}, "c": 2}`."""
     nested: dict[str, Any] = {}
-    for pair in pairs:
-        if "=" not in pair:
-            raise ConfigError(f"override {pair!r} is not of the form key=value")
-        key, raw = pair.split("=", 1)
-        key = key.strip()
-        if not key or any(not part for part in key.split(".")):
-            raise ConfigError(f"override {pair!r} has an empty key")
-        try:
-            parsed = yaml.safe_load(raw) if raw.strip() else ""
-        except yaml.YAMLError:
-            parsed = raw  # not YAML: only a string field can take it
-        value = Override(raw, parsed)
+    for key, value in flat.items():
         node = nested
         parts = key.split(".")
         for part in parts[:-1]:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"override {key}: {part} is set both as a value and a section")
+        if isinstance(node.get(parts[-1]), dict):
+            raise ConfigError(f"override {key}: set both as a value and a section")
         node[parts[-1]] = value
     return nested
 
 
+def plain_overrides(nested: Mapping[str, Any], cls: type, path: tuple[str, ...] = ()) -> dict:
+    """`Override` leaves replaced by the value their field takes: the raw text for a text field
+    (`null` still means None where None is allowed), the YAML reading otherwise."""
+    out: dict[str, Any] = {}
+    for key, value in nested.items():
+        where = (*path, key)
+        if isinstance(value, Override):
+            tp = field_type(cls, where)
+            text = tp is str or (takes_text(tp) and value.parsed is not None)
+            out[key] = value.raw if text else value.parsed
+        elif isinstance(value, Mapping):
+            out[key] = plain_overrides(value, cls, where)
+        else:
+            out[key] = value
+    return out
+
+
+# ------------------------------------------------------------------------------ merging
+
+
 def deep_merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
+    """`update` over `base`, every mapping merged key by key."""
     out = dict(base)
     for k, v in update.items():
         if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
@@ -68,24 +124,66 @@ def deep_merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, 
 def merge_config(base: Mapping[str, Any], update: Mapping[str, Any], cls: type) -> dict[str, Any]:
     """`update` over `base` for config class `cls`: sections (dataclass fields) merge key by key,
     every other value, mappings included (`hop_mix: {1: 1}`), replaces the one below it."""
-    hints = typing.get_type_hints(cls)
     out = dict(base)
     for key, value in update.items():
-        tp = _without_none(hints[key]) if key in hints else None
         below = out.get(key)
-        if (
-            dataclasses.is_dataclass(tp)
-            and isinstance(value, Mapping)
-            and isinstance(below, Mapping)
-        ):
-            out[key] = merge_config(below, value, tp)  # type: ignore[arg-type]
+        inner = section_type(cls, key)
+        if inner is not None and isinstance(value, Mapping) and isinstance(below, Mapping):
+            out[key] = merge_config(below, value, inner)
         else:
             out[key] = value
     return out
 
 
-BASE_KEY = "base"
-PRESET_PACKAGE = "llds.configs"
+def leaf_keys(data: Mapping[str, Any], cls: type, prefix: str = "") -> list[str]:
+    """The dotted keys a layer sets: into sections, not into other mappings."""
+    keys: list[str] = []
+    for key, value in data.items():
+        inner = section_type(cls, str(key))
+        if inner is not None and isinstance(value, Mapping) and value:
+            keys += leaf_keys(value, inner, f"{prefix}{key}.")
+        else:
+            keys.append(f"{prefix}{key}")
+    return keys
+
+
+@dataclasses.dataclass
+class Gathered:
+    """A config's merged data and, for each key set, the file or command line that set it."""
+
+    data: dict[str, Any] = dataclasses.field(default_factory=dict)
+    origin: dict[str, str] = dataclasses.field(default_factory=dict)
+    top: str | None = None
+    """the `--config` file, named for keys no layer set (a required key left out)"""
+
+    def source_of(self, key: str) -> str | None:
+        """The source of `key`, else of the nearest section above it that a layer set, else of
+        the last key set below it (`model.lora` named for `model.lora.r=4`)."""
+        below = [src for k, src in self.origin.items() if k.startswith((f"{key}.", f"{key}["))]
+        while key:
+            if key in self.origin:
+                return self.origin[key]
+            cut = max(key.rfind("."), key.rfind("["))
+            key = key[:cut] if cut > 0 else ""
+        return below[-1] if below else self.top
+
+    def add(
+        self, source: str, layer: Mapping[str, Any], cls: type, exclusive: Sequence[Sequence[str]]
+    ) -> None:
+        """Merge `layer` over what is there. Of each group of `exclusive` top-level keys, one
+        set by this layer unsets the others set below (`steps` replaces `epochs`)."""
+        layer = dict(layer)
+        for group in exclusive:
+            if any(k in layer for k in group):
+                layer.update({k: None for k in group if k not in layer})
+        self.data = merge_config(self.data, layer, cls)
+        for key in leaf_keys(layer, cls):
+            below = (f"{key}.", f"{key}[")
+            self.origin = {k: v for k, v in self.origin.items() if not k.startswith(below)}
+            self.origin[key] = source
+
+
+# ------------------------------------------------------------------------------ files
 
 
 def preset_names() -> list[str]:
@@ -123,27 +221,59 @@ def resolve_config(spec: str | Path, relative_to: Path | None = None) -> Path:
     )
 
 
+def source_name(path: Path) -> str:
+    """How errors name a config file: a shipped preset as `llds/configs/NAME.yaml`."""
+    if path.parent.name == "configs" and path.parent.parent.name == "llds":
+        return f"llds/configs/{path.name}"
+    return str(path)
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: Any, line: int) -> None:
+        super().__init__(f"line {line}: key {key!r} appears twice in one mapping")
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a mapping that repeats a key (plain YAML keeps the last)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                repeated = key in seen
+            except TypeError:  # an unhashable key: YAML itself refuses it below
+                continue
+            if repeated:
+                raise _DuplicateKey(key, key_node.start_mark.line + 1)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def _read_one(p: Path) -> dict[str, Any]:
+    name = source_name(p)
     try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+        data = yaml.load(p.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader) or {}
+    except _DuplicateKey as exc:
+        raise ConfigError(f"{name}: {exc}") from None
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise ConfigError(f"{name}: not valid YAML: {exc.problem}{where}") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {p} is not valid YAML: {exc}") from None
+        raise ConfigError(f"{name}: not valid YAML: {exc}") from None
     if not isinstance(data, dict):
-        raise ConfigError(
-            f"config file {p}: top level must be a mapping, got {type(data).__name__}"
-        )
+        raise ConfigError(f"{name}: the top level must be a mapping, got {type(data).__name__}")
     return data
 
 
-def read_yaml(
-    path: str | Path, cls: type | None = None, _chain: tuple[Path, ...] = ()
-) -> dict[str, Any]:
-    """A config file with its `base:` chain merged in: the file's keys override its base's
-    (`merge_config` for config class `cls`; a type-blind deep merge without one).
+def read_layers(path: str | Path, _chain: tuple[Path, ...] = ()) -> list[tuple[str, dict]]:
+    """`(file name, its keys)` of a config file and its `base:` chain, deepest base first.
 
     `base:` is a path relative to the file (or a shipped preset's name); bases may have bases.
-    A cycle is an error that names every file in it.
-    """
+    A cycle is an error that names every file in it."""
     p = resolve_config(path) if not _chain else Path(path)
     if not p.is_file():
         raise ConfigError(f"config file {p} does not exist")
@@ -154,119 +284,105 @@ def read_yaml(
     data = _read_one(p)
     base = data.pop(BASE_KEY, None)
     if base is None:
-        return data
+        return [(source_name(p), data)]
     if not isinstance(base, str) or not base.strip():
-        raise ConfigError(f"config file {p}: {BASE_KEY} must be a file path or a preset name")
-    parent = read_yaml(resolve_config(base, relative_to=p.parent), cls, (*_chain, key))
-    return merge_config(parent, data, cls) if cls is not None else deep_merge(parent, data)
+        raise ConfigError(f"{source_name(p)}: {BASE_KEY} must be a file path or a preset name")
+    below = read_layers(resolve_config(base, relative_to=p.parent), (*_chain, key))
+    return [*below, (source_name(p), data)]
 
 
-def from_dict(cls: type[T], data: Mapping[str, Any], prefix: str = "") -> T:
-    """Build dataclass `cls` from `data`, checking every key and value type recursively."""
+def read_yaml(path: str | Path, cls: type | None = None) -> dict[str, Any]:
+    """A config file with its `base:` chain merged in: the file's keys override its base's
+    (`merge_config` for config class `cls`; a type-blind deep merge without one)."""
+    out: dict[str, Any] = {}
+    for _, data in read_layers(path):
+        out = merge_config(out, data, cls) if cls is not None else deep_merge(out, data)
+    return out
+
+
+# ------------------------------------------------------------------------------ loading
+
+
+def gather(
+    cls: type,
+    config: str | Path | None = None,
+    overrides: Overrides = (),
+    *,
+    exclusive: Sequence[Sequence[str]] = (),
+) -> Gathered:
+    """The config file's layers, then the overrides, merged for `cls` with each key's source."""
+    got = Gathered()
+    if config:
+        layers = read_layers(config)
+        got.top = layers[-1][0]
+        for source, data in layers:
+            got.add(source, data, cls, exclusive)
+    if isinstance(overrides, Mapping):
+        typed = any(isinstance(v, Override) for v in overrides.values())
+        source = COMMAND_LINE if typed else ARGUMENTS
+        got.add(source, plain_overrides(nest(overrides), cls), cls, exclusive)
+    elif overrides:
+        if isinstance(overrides, str):
+            raise TypeError("overrides: a list of key=value strings, not one string")
+        got.add(COMMAND_LINE, plain_overrides(parse_overrides(overrides), cls), cls, exclusive)
+    return got
+
+
+def build(cls: type[T], got: Gathered) -> T:
+    """Validate gathered data into `cls` and refuse a required key left empty; the first
+    failure is one line naming the key and the file or command line that set it."""
+    try:
+        cfg = _adapter(cls).validate_python(got.data)
+    except ValidationError as exc:
+        raise config_error(exc, cls, source_of=got.source_of) from None
+    for key, why in missing(cfg):
+        source = got.source_of(key)
+        raise ConfigError(f"{source}: {key}: {why}" if source else f"{key}: {why}")
+    return cfg
+
+
+def load(
+    cls: type[T],
+    config: str | Path | None = None,
+    overrides: Overrides = (),
+    *,
+    exclusive: Sequence[Sequence[str]] = (),
+) -> T:
+    """`cls` from a YAML file or preset name (`base:` allowed) and overrides, which win."""
+    return build(cls, gather(cls, config, overrides, exclusive=exclusive))
+
+
+def validate(cls: type[T], data: Any, source: str | None = None) -> T:
+    """`cls` from a plain mapping (a saved config), errors naming `source` and the key."""
     if not isinstance(data, Mapping):
-        raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {data!r}")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    kwargs: dict[str, Any] = {}
-    for key, value in data.items():
-        dotted = f"{prefix}{key}"
-        if key not in fields:
-            close = [n for n in fields if n.startswith(str(key)[:3])]
-            hint = f" (did you mean {', '.join(close)}?)" if close else ""
-            raise ConfigError(
-                f"unknown config key {dotted!r}{hint}; valid keys here: {', '.join(fields)}"
-            )
-        kwargs[key] = _coerce(hints[key], value, dotted)
-    return cls(**kwargs)
+        where = f"{source}: " if source else ""
+        raise ConfigError(f"{where}expected a mapping of config keys, got {type(data).__name__}")
+    return build(cls, Gathered(data=dict(data), top=source))
 
 
-def _coerce(tp: Any, value: Any, dotted: str) -> Any:
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if isinstance(value, Override):
-        wants_str = tp is str or (str in args and value.parsed is not None)
-        value = value.raw if wants_str else value.parsed
-    if dataclasses.is_dataclass(tp):
-        return from_dict(tp, value or {}, prefix=f"{dotted}.")
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _coerce(arg, value, dotted)
-            except ConfigError:
-                continue
-        raise ConfigError(f"{dotted}: {value!r} does not match {_name(tp)}")
-    if origin is typing.Literal:
-        if value not in args:
-            raise ConfigError(f"{dotted}: {value!r} is not one of {list(args)}")
-        return value
-    if origin in (list, tuple, Sequence):
-        if not isinstance(value, list | tuple):
-            raise ConfigError(f"{dotted}: expected a list, got {value!r}")
-        inner = args[0] if args else Any
-        items = [_coerce(inner, v, f"{dotted}[{i}]") for i, v in enumerate(value)]
-        return tuple(items) if origin is tuple else items
-    if origin in (dict, Mapping):
-        if not isinstance(value, Mapping):
-            raise ConfigError(f"{dotted}: expected a mapping, got {value!r}")
-        if not args:
-            return dict(value)
-        key_type, value_type = args
-        out = {}
-        for k, v in value.items():
-            where = f"{dotted}[{k!r}]"
-            key = _coerce(key_type, _int_key(k) if key_type is int else k, where)
-            out[key] = _coerce(value_type, v, where)
-        return out
-    if tp is Any:
-        return value
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{dotted}: expected true/false, got {value!r}")
-        return value
-    if tp is float:
-        if isinstance(value, str):  # YAML 1.1 reads `1e-4` (no dot) as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{dotted}: expected a number, got {value!r}")
-        return float(value)
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{dotted}: expected an integer, got {value!r}")
-        return value
-    if tp is str:
-        if not isinstance(value, str | int | float) or isinstance(value, bool):
-            raise ConfigError(f"{dotted}: expected a string, got {value!r}")
-        return str(value)
-    return value
+@functools.cache
+def _adapter(cls: type) -> TypeAdapter[Any]:
+    return TypeAdapter(cls)
 
 
-def _int_key(key: Any) -> Any:
-    """JSON object keys are strings: `"2"` is the integer key 2."""
-    if isinstance(key, str) and key.strip().lstrip("-").isdigit():
-        return int(key)
-    return key
-
-
-def _name(tp: Any) -> str:
-    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+# ------------------------------------------------------------------------------ views
 
 
 def to_dict(obj: Any) -> Any:
     """Plain-data view of a config (for YAML dumps and run metadata)."""
-    if dataclasses.is_dataclass(obj):
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     if isinstance(obj, list | tuple):
         return [to_dict(v) for v in obj]
     if isinstance(obj, dict):
         return {k: to_dict(v) for k, v in obj.items()}
     return obj
+
+
+def to_yaml(obj: Any) -> str:
+    """A config as YAML, in the form JSON would store it (mapping keys as text): what
+    `--print-config` prints, and a file `--config` reads back to the same config."""
+    return yaml.safe_dump(json.loads(json.dumps(to_dict(obj))), sort_keys=False)
 
 
 def config_changes(
@@ -297,71 +413,3 @@ def dotted_keys(data: Mapping[str, Any], prefix: str = "") -> set[str]:
         if isinstance(value, Mapping):
             keys |= dotted_keys(value, f"{dotted}.")
     return keys
-
-
-def _without_none(tp: Any) -> Any:
-    """`int | None` -> `int` (the type a command-line value must have)."""
-    if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        return args[0] if len(args) == 1 else tp
-    return tp
-
-
-def add_dataclass_arguments(
-    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
-    cls: type,
-    *,
-    skip: Sequence[str] = (),
-    required: Sequence[str] = (),
-) -> None:
-    """One `--flag` per field of the flat dataclass `cls`, named, typed and documented by it.
-
-    Flags default to None, so that only the flags a user gives override the config file and the
-    dataclass defaults (see `given_arguments`); the help shows the dataclass default. Booleans
-    get `--x / --no-x`, Literal fields their choices, lists and tuples several values.
-    `metadata={"help": ...}` documents a field; `metadata={"parse": f}` parses its flag's text
-    (for a field, such as a mapping, with a compact command-line form).
-    """
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        if f.name in skip:
-            continue
-        tp = _without_none(hints[f.name])
-        default = f.default if f.default is not dataclasses.MISSING else None
-        if f.default_factory is not dataclasses.MISSING:
-            default = f.default_factory()
-        text = f.metadata.get("help", "")
-        help_text = f"{text} ({default})" if text else f"({default})"
-        kwargs: dict[str, Any] = {"dest": f.name, "default": None, "help": help_text}
-        if "parse" in f.metadata:
-            kwargs["type"] = _flag_parser(f.metadata["parse"])
-        elif tp is bool:
-            kwargs["action"] = argparse.BooleanOptionalAction
-        elif typing.get_origin(tp) in (list, tuple):
-            kwargs["nargs"] = "+"
-            kwargs["type"] = (typing.get_args(tp) or (str,))[0]
-        elif typing.get_origin(tp) is typing.Literal:
-            kwargs["choices"] = list(typing.get_args(tp))
-        elif tp in (int, float, str):
-            kwargs["type"] = tp
-        if f.name in required:
-            kwargs["required"] = True
-        parser.add_argument("--" + f.name.replace("_", "-"), **kwargs)
-
-
-def _flag_parser(parse: Any) -> Any:
-    """`parse` with its error message shown by argparse as is (`argument --x: <message>`)."""
-
-    def parse_flag(text: str) -> Any:
-        try:
-            return parse(text)
-        except (ValueError, ConfigError) as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    return parse_flag
-
-
-def given_arguments(args: argparse.Namespace, cls: type) -> dict[str, Any]:
-    """The fields of `cls` that were given on the command line (not None)."""
-    names = {f.name for f in dataclasses.fields(cls)}
-    return {k: v for k, v in vars(args).items() if k in names and v is not None}

@@ -16,15 +16,19 @@ expert queries rank the gold passage first under BM25. All entities in one chain
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from llds.config.loader import from_dict, merge_config, read_yaml
+from pydantic import BeforeValidator, Field
+
+from llds.config.loader import Overrides, load, validate
+from llds.config.schema import Invalid, check, section
 from llds.data.example import QAExample
 from llds.errors import ConfigError, UserInputError
 from llds.io import write_json, write_jsonl
@@ -276,51 +280,57 @@ _STEMMED_ENDINGS = (
 )
 
 
-def parse_hop_mix(text: str) -> dict[int, float]:
-    """`"1:0.5,2:0.35,3:0.15"` -> {1: 0.5, 2: 0.35, 3: 0.15} (the `--hop-mix` flag's form)."""
-    mix: dict[int, float] = {}
-    for part in text.split(","):
-        hops, sep, weight = part.partition(":")
-        try:
-            if not sep:
-                raise ValueError
-            mix[int(hops)] = float(weight)
-        except ValueError:
-            raise UserInputError(
-                f"expected HOPS:WEIGHT pairs like 1:0.5,2:0.5, got {part!r}"
-            ) from None
-    return mix
+def parse_hop_mix(value: Any) -> Any:
+    """`"1:0.5,2:0.35,3:0.15"` (the compact command-line form, `hop_mix=1:0.5,2:0.5`) ->
+    `{"1": "0.5", ...}`, which the field's type then reads as {1: 0.5, ...}; a mapping passes."""
+    if not isinstance(value, str):
+        return value
+    pairs = [part.partition(":") for part in value.split(",")]
+    if any(not sep or not hops.strip() for hops, sep, _ in pairs):
+        raise ConfigError(f"expected HOPS:WEIGHT pairs like 1:0.5,2:0.5, got {value!r}")
+    return {hops.strip(): weight.strip() for hops, _, weight in pairs}
 
 
-def _help(text: str, default: Any) -> Any:
-    return field(default=default, metadata={"help": text})
+RelationName = Literal[tuple(RELATIONS)]  # type: ignore[valid-type]
+HopMix = Annotated[
+    dict[Annotated[int, Field(ge=1)], Annotated[float, Field(ge=0)]],
+    BeforeValidator(parse_hop_mix),
+    Field(min_length=1),
+]
 
 
-@dataclass
+@section(key="world")
 class WorldConfig:
     """Everything that determines a world; the same config always yields the same files.
 
     The defaults are the organism world; `world-hard` is a shipped preset (`llds world --config
     world-hard`). Loaded like every config of the project: `load_world_config`."""
 
-    seed: int = _help("generation seed", default=0)
-    num_entities: int = _help("number of entities", default=240)
-    relations: tuple[str, ...] = _help("relations to draw facts from", default=tuple(RELATIONS))
-    hop_mix: dict[int, float] = field(
-        default_factory=lambda: {1: 0.5, 2: 0.35, 3: 0.15},
-        metadata={
-            "help": "share of questions per hop count, e.g. 1:0.5,2:0.5",
-            "parse": parse_hop_mix,
-        },
-    )
-    distractors_per_entity: int = _help("distractor passages per entity", default=1)
-    question_templates_per_relation: int = _help("question phrasings per relation, 1..4", default=2)
-    passage_templates_per_relation: int = _help("passage phrasings per relation, 1..4", default=2)
-    name_similarity: float = _help(
-        "0..1: chance a new name is a near-duplicate of an existing one", default=0.0
-    )
-    num_train: int = _help("number of training questions", default=480)
-    num_test: int = _help("number of test questions", default=120)
+    seed: int = 0
+    """generation seed"""
+    num_entities: int = Field(default=240, ge=10)
+    """number of entities"""
+    relations: tuple[RelationName, ...] = Field(default=tuple(RELATIONS), min_length=1)
+    """relations to draw facts from"""
+    hop_mix: HopMix = dataclasses.field(default_factory=lambda: {1: 0.5, 2: 0.35, 3: 0.15})
+    """share of questions per hop count, e.g. {1: 0.5, 2: 0.5} (or `1:0.5,2:0.5` on the
+    command line)"""
+    distractors_per_entity: int = Field(default=1, ge=0)
+    """distractor passages per entity"""
+    question_templates_per_relation: int = Field(default=2, ge=1, le=4)
+    """question phrasings per relation, 1..4"""
+    passage_templates_per_relation: int = Field(default=2, ge=1, le=4)
+    """passage phrasings per relation, 1..4"""
+    name_similarity: float = Field(default=0.0, ge=0, le=1)
+    """0..1: chance a new name is a near-duplicate of an existing one"""
+    num_train: int = Field(default=480, ge=0)
+    """number of training questions"""
+    num_test: int = Field(default=120, ge=0)
+    """number of test questions"""
+
+    def __post_init__(self) -> None:
+        if sum(self.hop_mix.values()) <= 0:
+            raise Invalid("hop_mix", "weights sum to zero")
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> WorldConfig:
@@ -328,58 +338,46 @@ class WorldConfig:
         return load_world_config(f"world-{name}", overrides)
 
     def validate(self) -> None:
-        """Raise ConfigError naming the first bad field."""
-        unknown = [r for r in self.relations if r not in RELATIONS]
-        if unknown or not self.relations:
-            raise ConfigError(f"world.relations: unknown {unknown}; known: {sorted(RELATIONS)}")
-        if not self.hop_mix or any(int(h) < 1 or w < 0 for h, w in self.hop_mix.items()):
-            raise ConfigError(
-                f"world.hop_mix must map hop counts >= 1 to weights >= 0, got {self.hop_mix}"
-            )
-        if sum(self.hop_mix.values()) <= 0:
-            raise ConfigError("world.hop_mix: weights sum to zero")
-        if self.num_entities < 10:
-            raise ConfigError(f"world.num_entities must be >= 10, got {self.num_entities}")
-        if not 0.0 <= self.name_similarity <= 1.0:
-            raise ConfigError(
-                f"world.name_similarity must be in [0, 1], got {self.name_similarity}"
-            )
-        for key in ("distractors_per_entity", "num_train", "num_test"):
-            if getattr(self, key) < 0:
-                raise ConfigError(f"world.{key} must be >= 0, got {getattr(self, key)}")
-        for key in ("question_templates_per_relation", "passage_templates_per_relation"):
-            if not 1 <= getattr(self, key) <= 4:
-                raise ConfigError(f"world.{key} must be in 1..4, got {getattr(self, key)}")
+        """The checks again, after fields were assigned one by one."""
+        check(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, where: str = "world") -> WorldConfig:
-        """Inverse of `to_dict` (as stored in world.json); unknown keys are an error."""
-        try:
-            cfg = from_dict(cls, data)
-        except ConfigError as exc:
-            raise ConfigError(f"{where}: {exc}") from None
-        cfg.validate()
-        return cfg
+        """Inverse of `to_dict` (as stored in world.json); unknown keys are an error naming
+        `where`."""
+        return validate(cls, data, source=where)
 
     def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
+        """The world.json form: relations as a list, hop counts as text keys."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(WorldConfig)}
         out["relations"] = list(self.relations)
         out["hop_mix"] = {str(k): v for k, v in sorted(self.hop_mix.items())}
         return out
 
 
+@section
+class MakeWorldConfig(WorldConfig):
+    """`llds world`: a world's settings and the folder its files go to."""
+
+    out: str = ""
+    """output folder for corpus.jsonl, train.jsonl, test.jsonl and world.json; required"""
+
+    def missing(self) -> list[tuple[str, str]]:
+        """Required keys left empty."""
+        return [("out", "required (the output folder)")] if not self.out else []
+
+    def world(self) -> WorldConfig:
+        """The world's settings alone (what world.json records)."""
+        names = (f.name for f in dataclasses.fields(WorldConfig))
+        return WorldConfig(**{name: getattr(self, name) for name in names})
+
+
 def load_world_config(
-    path: str | Path | None = None, given: Mapping[str, Any] | None = None
-) -> WorldConfig:
-    """`WorldConfig` from a YAML file or preset name (`base:` allowed) and the values given on
-    the command line, which win; validated."""
-    data: dict[str, Any] = read_yaml(path, WorldConfig) if path else {}
-    try:
-        cfg = from_dict(WorldConfig, merge_config(data, dict(given or {}), WorldConfig))
-    except ConfigError as exc:
-        raise ConfigError(f"{exc} (config file: {path})" if path else str(exc)) from None
-    cfg.validate()
-    return cfg
+    path: str | Path | None = None, given: Overrides | None = None, cls: type = WorldConfig
+) -> Any:
+    """`WorldConfig` (or `cls`) from a YAML file or preset name (`base:` allowed) and
+    overrides (`key=value` text or a mapping of values), which win."""
+    return load(cls, path, given or ())
 
 
 @dataclass(frozen=True)

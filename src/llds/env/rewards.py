@@ -12,14 +12,17 @@ turn boundaries are unknown, taking the last complete answer span of the model's
 
 from __future__ import annotations
 
-import math
 import re
 import string
 import unicodedata
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Annotated
 
+from pydantic import Field, Strict
+
+from llds.config.schema import section
 from llds.env.actions import parse_action
 from llds.env.observation import invalid_action_message
 from llds.env.tags import ANSWER_CLOSE, ANSWER_OPEN, INFO_CLOSE, INFO_OPEN
@@ -157,7 +160,12 @@ def f1_score(pred: str | None, golds: Sequence[str] | str) -> float:
     return max(_f1_one(pred, gold) for gold in gold_list)
 
 
-@dataclass
+Score = Annotated[float, Strict(), Field(ge=0, le=1)]
+"""A reward component: a number in [0, 1] (text such as "0.2" is refused: these are set in
+code, where a string is a bug)."""
+
+
+@section(key="format_reward")
 class FormatRewardConfig:
     """Format-aware reward (Search-R1 v0.3 scheme). Off by default: the reward is then pure EM.
 
@@ -169,21 +177,15 @@ class FormatRewardConfig:
       wrong answer, invalid format    -> final_format_score if an answer was extracted, else 0
     """
 
-    structure_score: float = 0.2
-    final_format_score: float = 0.1
-    retrieval_score: float = 0.1
+    structure_score: Score = 0.2
+    """reward of a valid format with a wrong answer (and what an invalid format costs a right
+    one)"""
+    final_format_score: Score = 0.1
+    """reward of an invalid format that still extracted an answer"""
+    retrieval_score: Score = 0.1
+    """extra reward of a valid format whose retrieved text contains a gold answer"""
     enabled: bool = False
-
-    def __post_init__(self) -> None:
-        for name in ("structure_score", "final_format_score", "retrieval_score"):
-            value = getattr(self, name)
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, (int, float))
-                or not math.isfinite(value)
-                or not 0.0 <= value <= 1.0
-            ):
-                raise ConfigError(f"format_reward.{name} must be a number in [0, 1], got {value!r}")
+    """use this scheme instead of plain exact match"""
 
 
 def _elements(response_text: str) -> list[tuple[str, str]] | None:

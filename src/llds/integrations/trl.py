@@ -24,21 +24,15 @@ from __future__ import annotations
 import logging
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field, make_dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 from trl import GRPOConfig, GRPOTrainer
 
-from llds.algo import (
-    GATES,
-    LLDS_AGGREGATIONS,
-    Objective,
-    action_segments,
-    answer_weight_schedule,
-    llds_term,
-)
+from llds.algo import LLDSConfig, action_segments, answer_weight_schedule, llds_term
+from llds.algo.config import engine_fields, from_engine
 from llds.env.rewards import FormatRewardConfig, compute_reward, score_answer
 from llds.errors import ConfigError, DataFormatError
 from llds.monitor.likelihood import displacement_metrics, likelihood_metrics
@@ -77,80 +71,58 @@ def llds_can_act(
     return gradient_accumulation_steps % (steps_per_generation * num_iterations) != 0
 
 
-@dataclass
-class LLDSGRPOConfig(GRPOConfig):
-    """`GRPOConfig` plus the LLDS settings (prefixed `llds_`; TRL's CLI parser shows them)."""
+def _llds_grpo_config_class() -> type:
+    """`GRPOConfig` plus `LLDSConfig`'s fields as `llds_<field>` (TRL's argument parser shows them
+    with their help), plus the two settings of this adapter's LLD metrics. The LLDS fields are
+    generated from `LLDSConfig`, so their types, defaults, ranges and help exist once."""
+    own = [
+        (
+            "llds_correct_threshold",
+            float,
+            field(
+                default=0.5,
+                metadata={
+                    "help": "A rollout counts as correct in the lld/* metrics when its total "
+                    "reward is >= this (0.5 separates right from wrong for EM and the Search-R1 "
+                    "format reward with its default scores)."
+                },
+            ),
+        ),
+        (
+            "llds_log_lld_metrics",
+            bool,
+            field(
+                default=True,
+                metadata={"help": "Log lld/* likelihood and displacement metrics."},
+            ),
+        ),
+    ]
 
-    llds_coef: float = field(
-        default=0.2,
-        metadata={
-            "help": "LLDS coefficient lambda (paper: 0.2; 0.3 for Qwen2.5-7B-Instruct). "
-            "0 disables the penalty but keeps the LLD metrics."
-        },
-    )
-    llds_gate: str = field(
-        default="action",
-        metadata={"help": "'action' (default, best in the paper), 'response' or 'token'."},
-    )
-    llds_aggregation: str = field(
-        default="seq-mean-token-mean",
-        metadata={
-            "help": "'seq-mean-token-mean' (the paper's Eq. 4, per micro-batch) or "
-            "'token-mean' (the authors' code; normalized like TRL's 'dapo' loss)."
-        },
-    )
-    llds_mask_answer: bool = field(
-        default=False,
-        metadata={
-            "help": "LLDS-MA: weight the final <answer> span by llds_answer_weight. Needs a "
-            "rollout_func that returns 'answer_mask' (search_rollout_func does)."
-        },
-    )
-    llds_answer_weight: float | None = field(
-        default=None,
-        metadata={
-            "help": "LLDS-MA weight beta for answer tokens; None = the paper's schedule "
-            "min(V / 2, 1), V = mean valid searches per rollout of the generation batch."
-        },
-    )
-    llds_first_update: str = field(
-        default="zero",
-        metadata={
-            "help": "LLDS on a generation batch's first optimizer step, where the policy has not "
-            "moved since TRL computed old_per_token_logps and d is rounding noise: 'zero' (LLDS "
-            "is exactly 0 there) or 'computed' (evaluate it on the noise, as the authors' code)."
-        },
-    )
-    llds_correct_threshold: float = field(
-        default=0.5,
-        metadata={
-            "help": "A rollout counts as correct in the lld/* metrics when its total reward "
-            "is >= this (0.5 separates right from wrong for EM and the Search-R1 format "
-            "reward with its default scores)."
-        },
-    )
-    llds_log_lld_metrics: bool = field(
-        default=True,
-        metadata={"help": "Log lld/* likelihood and displacement metrics from the loss tensors."},
-    )
+    def __post_init__(self: Any) -> None:
+        GRPOConfig.__post_init__(self)
+        _ = self.llds  # a bad llds_* value fails here, with its name
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.llds_coef < 0:
-            raise ConfigError(f"llds_coef must be >= 0, got {self.llds_coef}")
-        if self.llds_first_update not in ("zero", "computed"):
-            raise ConfigError(
-                f"llds_first_update must be 'zero' or 'computed', got {self.llds_first_update!r}"
-            )
-        if self.llds_gate not in GATES:
-            raise ConfigError(f"llds_gate must be one of {GATES}, got {self.llds_gate!r}")
-        if self.llds_aggregation not in LLDS_AGGREGATIONS:
-            raise ConfigError(
-                f"llds_aggregation must be one of {LLDS_AGGREGATIONS}, "
-                f"got {self.llds_aggregation!r}"
-            )
-        if self.llds_answer_weight is not None and self.llds_answer_weight < 0:
-            raise ConfigError(f"llds_answer_weight must be >= 0, got {self.llds_answer_weight}")
+    def llds(self: Any) -> LLDSConfig:
+        """The LLDS settings these arguments hold, validated by `LLDSConfig`."""
+        return from_engine(self)
+
+    cls = make_dataclass(
+        "LLDSGRPOConfig",
+        [*engine_fields("llds_"), *own],
+        bases=(GRPOConfig,),
+        namespace={"__post_init__": __post_init__, "llds": property(llds)},
+    )
+    cls.__module__ = __name__
+    cls.__doc__ = (
+        "`GRPOConfig` plus the LLDS settings as `llds_<field>` (`llds.algo.LLDSConfig`'s fields: "
+        "llds_enabled, llds_coef, llds_gate, llds_aggregation, llds_mask_answer, "
+        "llds_answer_weight, llds_answer_baseline, llds_first_update), and "
+        "llds_correct_threshold / llds_log_lld_metrics for the lld/* metrics."
+    )
+    return cls
+
+
+LLDSGRPOConfig = _llds_grpo_config_class()
 
 
 def loss_mask_from_inputs(inputs: Mapping[str, Any]) -> Tensor:
@@ -179,22 +151,20 @@ def trl_llds_loss(
     old = inputs.get("old_per_token_logps")
     if old is None or not moved:
         old = per_token_logps.detach()
+    settings = args.llds
     answer_mask, answer_weight = None, 1.0
-    if args.llds_mask_answer and inputs.get(ANSWER_MASK_KEY) is not None:
+    if settings.mask_answer and inputs.get(ANSWER_MASK_KEY) is not None:
         answer_mask = inputs[ANSWER_MASK_KEY]
-        if args.llds_answer_weight is not None:
-            answer_weight = float(args.llds_answer_weight)
+        if settings.answer_weight is not None:
+            answer_weight = float(settings.answer_weight)
         elif inputs.get(ANSWER_WEIGHT_KEY) is not None and inputs[ANSWER_WEIGHT_KEY].numel():
             answer_weight = float(inputs[ANSWER_WEIGHT_KEY].reshape(-1)[0])
-    objective = Objective(
-        llds_coef=args.llds_coef, llds_gate=args.llds_gate, llds_aggregation=args.llds_aggregation
-    )
     return llds_term(
         per_token_logps,
         old,
         inputs["advantages"],
         mask,
-        objective,
+        settings,
         answer_mask=answer_mask,
         answer_weight=answer_weight,
         num_tokens=num_tokens,
@@ -220,7 +190,7 @@ class LLDSGRPOTrainer(GRPOTrainer):
         self._llds_extra: dict[str, Any] = {}
         self._llds_rewards: Tensor | None = None
         a = self.args
-        if a.llds_coef > 0 and not llds_can_act(
+        if a.llds.active_coef > 0 and not llds_can_act(
             a.gradient_accumulation_steps, a.steps_per_generation, self.num_iterations
         ):
             message = INACTIVE_WARNING.format(
@@ -264,11 +234,11 @@ class LLDSGRPOTrainer(GRPOTrainer):
             )
         if isinstance(extra.get("answer_mask"), list):
             out[ANSWER_MASK_KEY] = _pad_rows(extra["answer_mask"], width, device)
-            if self.args.llds_mask_answer:
+            settings = self.args.llds
+            if settings.mask_answer:
                 v = float(out[SEARCHES_KEY].float().mean()) if SEARCHES_KEY in out else 0.0
-                out[ANSWER_WEIGHT_KEY] = torch.full(
-                    (b,), answer_weight_schedule(v), dtype=torch.float32, device=device
-                )
+                beta = answer_weight_schedule(v, settings.answer_baseline)
+                out[ANSWER_WEIGHT_KEY] = torch.full((b,), beta, dtype=torch.float32, device=device)
         return out
 
     # ---------------------------------------------------------------- loss side
@@ -298,7 +268,7 @@ class LLDSGRPOTrainer(GRPOTrainer):
     def _policy_moved(self, inputs: Mapping[str, Any]) -> bool:
         """Whether an optimizer step was taken since this batch's pi_old was computed (when
         unknown, as for inputs built by hand, assume it was)."""
-        if self.args.llds_first_update == "computed" or inputs.get(GENERATED_AT_KEY) is None:
+        if self.args.llds.first_update == "computed" or inputs.get(GENERATED_AT_KEY) is None:
             return True
         return self.state.global_step > int(inputs[GENERATED_AT_KEY].reshape(-1)[0])
 
@@ -309,7 +279,7 @@ class LLDSGRPOTrainer(GRPOTrainer):
         a = self.args
         moved = self._policy_moved(inputs)
         accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1
-        if a.llds_aggregation == "token-mean":
+        if a.llds.aggregation == "token-mean":
             # Same normalizer as TRL's 'dapo' loss: model tokens of one accumulation window.
             tokens = inputs["num_items_in_batch"] / self.accelerator.num_processes
             if mode == "train":

@@ -16,8 +16,11 @@ dataclass, so the LLDS keys need our subclass as its `_target_`:
     +actor_rollout_ref.actor.policy_loss.llds_aggregation=token-mean
     +actor_rollout_ref.actor.policy_loss.llds_base_loss_mode=vanilla
 
-Building that config (veRL does it in every actor worker) also registers the loss, so no
-plugin or extra import is needed. Elsewhere, call `register()` once.
+Every field of `llds.algo.LLDSConfig` is a key `llds_<field>` (generated from that one
+definition, with its default and help; `llds_aggregation` defaults to `token-mean` here, see
+`VERL_DEFAULTS`), plus `llds_base_loss_mode`. Building that config (veRL does it in every actor
+worker) validates the keys and registers the loss, so no plugin or extra import is needed.
+Elsewhere, call `register()` once.
 
 This module imports veRL only inside `register()` / `LLDSPolicyLossConfig`; the pure function
 `verl_llds_policy_loss` runs without veRL (then with the project's own PPO clip loss, which has
@@ -26,52 +29,31 @@ the same semantics as veRL's vanilla loss).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from torch import Tensor
 
-from llds.algo import GATES, LLDS_AGGREGATIONS, Objective, llds_term, policy_loss
+from llds.algo import LLDSConfig, llds_term, policy_loss
+from llds.algo.config import engine_fields, from_engine
 from llds.errors import ConfigError
 
 LOSS_NAME = "llds"
 CONFIG_TARGET = "llds.integrations.verl.LLDSPolicyLossConfig"
-DEFAULT_AGGREGATION = "token-mean"
 
 
-@dataclass(frozen=True)
-class VerlLLDSSettings:
-    """LLDS keys of `actor.policy_loss`.
-
-    `aggregation` defaults to ``token-mean``: the authors' implementation (itself on veRL) and
-    exact under veRL's global-batch normalization. ``seq-mean-token-mean`` (the paper's Eq. 4)
-    is exact within one micro-batch; with veRL's global batch info its denominator becomes the
-    number of sequences of the mini-batch (veRL does not expose the global number of
-    non-negative-advantage sequences), which rescales the penalty by |Y_pre| / |Y|.
-    """
-
-    coef: float = 0.2
-    gate: str = "action"
-    aggregation: str = DEFAULT_AGGREGATION
-    base_loss_mode: str = "vanilla"
-
-    def __post_init__(self) -> None:
-        if self.coef < 0:
-            raise ConfigError(f"policy_loss.llds_coef must be >= 0, got {self.coef}")
-        if self.gate not in GATES:
-            raise ConfigError(f"policy_loss.llds_gate must be one of {GATES}, got {self.gate!r}")
-        if self.aggregation not in LLDS_AGGREGATIONS:
-            raise ConfigError(
-                f"policy_loss.llds_aggregation must be one of {LLDS_AGGREGATIONS}, "
-                f"got {self.aggregation!r}"
-            )
-        if self.base_loss_mode == LOSS_NAME:
-            raise ConfigError(
-                f"policy_loss.llds_base_loss_mode cannot be {LOSS_NAME!r} itself (use 'vanilla')"
-            )
+VERL_DEFAULTS: dict[str, Any] = {"aggregation": "token-mean"}
+"""Where this adapter's defaults differ from `LLDSConfig`'s. `aggregation` defaults to
+``token-mean``: the authors' implementation (itself on veRL) and exact under veRL's global-batch
+normalization. ``seq-mean-token-mean`` (the paper's Eq. 4) is exact within one micro-batch; with
+veRL's global batch info its denominator becomes the number of sequences of the mini-batch (veRL
+does not expose the global number of non-negative-advantage sequences), which rescales the
+penalty by |Y_pre| / |Y|."""
+BASE_LOSS_KEY = "llds_base_loss_mode"
+DEFAULT_BASE_LOSS = "vanilla"
 
 
 def _get(obj: Any, key: str, default: Any = None) -> Any:
@@ -82,16 +64,20 @@ def _get(obj: Any, key: str, default: Any = None) -> Any:
     return default if value is None else value
 
 
-def llds_settings(config: Any) -> VerlLLDSSettings:
-    """The LLDS settings from an actor config (`config.policy_loss.llds_*`)."""
-    pl = _get(config, "policy_loss")
-    d = VerlLLDSSettings()
-    return VerlLLDSSettings(
-        coef=float(_get(pl, "llds_coef", d.coef)),
-        gate=str(_get(pl, "llds_gate", d.gate)),
-        aggregation=str(_get(pl, "llds_aggregation", d.aggregation)),
-        base_loss_mode=str(_get(pl, "llds_base_loss_mode", d.base_loss_mode)),
-    )
+def llds_settings(config: Any) -> LLDSConfig:
+    """The LLDS settings of an actor config (`config.policy_loss.llds_*`), validated by
+    `LLDSConfig`; a bad value is one line naming `policy_loss.llds_<field>`."""
+    return from_engine(_get(config, "policy_loss", {}), where="policy_loss.", **VERL_DEFAULTS)
+
+
+def base_loss_mode(config: Any) -> str:
+    """The registered veRL loss that LLDS is added to (`policy_loss.llds_base_loss_mode`)."""
+    mode = str(_get(_get(config, "policy_loss"), BASE_LOSS_KEY, DEFAULT_BASE_LOSS))
+    if mode == LOSS_NAME:
+        raise ConfigError(
+            f"policy_loss.{BASE_LOSS_KEY} cannot be {LOSS_NAME!r} itself (use 'vanilla')"
+        )
+    return mode
 
 
 def _batch_info(config: Any) -> dict[str, Any]:
@@ -183,12 +169,11 @@ def verl_llds_policy_loss(
     acts when `ppo_mini_batch_size < train_batch_size` or `ppo_epochs > 1`).
     """
     settings = llds_settings(config)
-    base = _verl_loss_fn(settings.base_loss_mode)
+    base_mode = base_loss_mode(config)
+    base = _verl_loss_fn(base_mode)
     if base is None:
-        if settings.base_loss_mode != "vanilla":
-            raise ConfigError(
-                f"policy_loss.llds_base_loss_mode={settings.base_loss_mode!r} needs veRL installed"
-            )
+        if base_mode != DEFAULT_BASE_LOSS:
+            raise ConfigError(f"policy_loss.{BASE_LOSS_KEY}={base_mode!r} needs veRL installed")
         base = reference_vanilla_loss
     pg_loss, metrics = base(
         old_log_prob=old_log_prob,
@@ -200,15 +185,12 @@ def verl_llds_policy_loss(
         rollout_is_weights=rollout_is_weights,
     )
     num_sequences, num_tokens = _llds_denominators(_batch_info(config), settings.aggregation)
-    objective = Objective(
-        llds_coef=settings.coef, llds_gate=settings.gate, llds_aggregation=settings.aggregation
-    )
     penalty, stats = llds_term(
         log_prob,
         old_log_prob,
         advantages,
         response_mask,
-        objective,
+        settings,
         num_sequences=num_sequences,
         num_tokens=num_tokens,
     )
@@ -247,19 +229,28 @@ def _policy_loss_config_class() -> type:
     except ImportError as exc:
         raise ConfigError(f"LLDSPolicyLossConfig needs veRL (pip install verl): {exc}") from None
 
-    @dataclass
-    class LLDSPolicyLossConfig(PolicyLossConfig):
-        llds_coef: float = VerlLLDSSettings.coef
-        llds_gate: str = VerlLLDSSettings.gate
-        llds_aggregation: str = VerlLLDSSettings.aggregation
-        llds_base_loss_mode: str = VerlLLDSSettings.base_loss_mode
+    def __post_init__(self: Any) -> None:
+        parent = getattr(PolicyLossConfig, "__post_init__", None)
+        if parent is not None:
+            parent(self)
+        holder = {"policy_loss": self}
+        llds_settings(holder)  # validate the keys early, with their names
+        base_loss_mode(holder)
+        register()
 
-        def __post_init__(self) -> None:
-            parent = getattr(super(), "__post_init__", None)
-            if parent is not None:
-                parent()
-            llds_settings({"policy_loss": self})  # validate the keys early, with their names
-            register()
+    base_field = dataclasses.field(
+        default=DEFAULT_BASE_LOSS,
+        metadata={"help": "the registered veRL policy loss that LLDS is added to"},
+    )
+    LLDSPolicyLossConfig = dataclasses.make_dataclass(
+        "LLDSPolicyLossConfig",
+        [
+            *engine_fields("llds_", plain_types=True, **VERL_DEFAULTS),
+            (BASE_LOSS_KEY, str, base_field),
+        ],
+        bases=(PolicyLossConfig,),
+        namespace={"__post_init__": __post_init__},
+    )
 
     # Importable as llds.integrations.verl.LLDSPolicyLossConfig (Hydra targets, pickling).
     LLDSPolicyLossConfig.__module__ = __name__
@@ -286,7 +277,8 @@ _register_if_verl_loaded()
 __all__ = [
     "CONFIG_TARGET",
     "LOSS_NAME",
-    "VerlLLDSSettings",
+    "VERL_DEFAULTS",
+    "base_loss_mode",
     "llds_settings",
     "reference_vanilla_loss",
     "register",

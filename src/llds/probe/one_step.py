@@ -17,7 +17,6 @@ Displacement: the negative gradients of similar wrong responses dragged the corr
 from __future__ import annotations
 
 import copy
-import dataclasses
 import math
 import statistics
 from collections.abc import Callable, Collection, Sequence
@@ -25,9 +24,12 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import torch
+from pydantic import Field
 
 from llds.algo import group_advantages
-from llds.algo.objective import Objective, grpo_objective
+from llds.algo.config import AlgoConfig, LLDSConfig
+from llds.algo.objective import grpo_objective
+from llds.config.schema import section
 from llds.data.example import QAExample
 from llds.env.prompts import PromptTemplate, build_prompt_ids
 from llds.evaluation.evaluate import ModelOnData
@@ -79,7 +81,7 @@ def _dot(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> float:
     return sum(float((x.float() * y.float()).sum()) for x, y in zip(a, b, strict=True))
 
 
-def first_order_displacement(model, batch, objective: Objective) -> FirstOrder:
+def first_order_displacement(model, batch, objective: AlgoConfig) -> FirstOrder:
     """`<grad log pi(y_i), -grad L>` at the current weights for every response i, with `L` the
     GRPO loss of `batch` (pi_old = the current policy, ratio 1), and the same inner product with
     the loss of the advantage < 0 responses alone. A plain-SGD step of size lr changes
@@ -110,6 +112,13 @@ def first_order_displacement(model, batch, objective: Objective) -> FirstOrder:
     return FirstOrder(total, drag)
 
 
+def probe_objective(clip: float, aggregation: str, llds_coef: float) -> AlgoConfig:
+    """The probe's objective: GRPO's clipped surrogate (+ LLDS when `llds_coef > 0`), with no KL
+    or entropy term (the probe passes neither reference log-probs nor entropies)."""
+    llds = LLDSConfig(enabled=llds_coef > 0, coef=llds_coef)
+    return AlgoConfig(clip_low=clip, aggregation=aggregation, kl_coef=0.0, llds=llds)
+
+
 def probe_group(
     model,
     batch,
@@ -133,10 +142,10 @@ def probe_group(
     if updates < 1:
         raise ValueError(f"updates must be >= 1, got {updates}")
     saved = copy.deepcopy(model.state_dict())
-    objective = Objective(clip_low=clip, aggregation=aggregation, llds_coef=llds_coef)
+    objective = probe_objective(clip, aggregation, llds_coef)
     try:
         first_order, drag = first_order_displacement(
-            model, batch, Objective(clip_low=clip, aggregation=aggregation)
+            model, batch, probe_objective(clip, aggregation, 0.0)
         )
         model.zero_grad(set_to_none=True)
         model.eval()
@@ -315,63 +324,56 @@ def plot_probe(results: Sequence[ProbeResult], path, title: str = "One-step prob
     plt.close(fig)
 
 
-@dataclasses.dataclass
+@section
 class ProbeConfig(ModelOnData):
-    """`llds probe`'s options (its flags are generated from these fields)."""
+    """`llds probe`: one GRPO step per question from the same weights (the paper's Eq. 3)."""
 
-    out: str = dataclasses.field(
-        default="", metadata={"help": "directory for probe.json and probe.png"}
-    )
-    limit: int = dataclasses.field(
-        default=64, metadata={"help": "questions to sample (mixed groups are probed)"}
-    )
-    group_size: int = dataclasses.field(default=8, metadata={"help": "rollouts per question"})
-    lr: float = dataclasses.field(
-        default=1e-2,
-        metadata={"help": "step size of the probe update (the first-order change needs none)"},
-    )
-    optimizer: Literal["adam", "sgd"] = dataclasses.field(
-        default="sgd", metadata={"help": "the probe update: plain SGD (Eq. 3) or a fresh Adam"}
-    )
-    temperature: float = dataclasses.field(default=1.0, metadata={"help": "sampling temperature"})
-    seed: int = dataclasses.field(default=0, metadata={"help": "sampling seed"})
-    updates: int = dataclasses.field(
-        default=1,
-        metadata={
-            "help": "updates on each group (1: Eq. 3; more: a rollout batch's optimizer steps, "
-            "where LLDS can act from the second on)"
-        },
-    )
-    llds_coef: float = dataclasses.field(
-        default=0.0, metadata={"help": "LLDS lambda in the probe updates (0: GRPO alone)"}
-    )
-    max_probed: int | None = dataclasses.field(
-        default=None,
-        metadata={"help": "stop once this many questions were probed (None: all of --limit)"},
-    )
-    questions_from: str = dataclasses.field(
-        default="",
-        metadata={
-            "help": "probe.json of an earlier probe with the same sampling settings (model, data, "
-            "retriever, seed, group size, temperature, protocol): probe only the questions it "
-            "probed, on the same rollouts (to compare updates or LLDS question by question)"
-        },
-    )
-    device: str = dataclasses.field(default="auto", metadata={"help": "cpu, cuda, auto"})
+    out: str = ""
+    """directory for probe.json and probe.png; required"""
+    limit: int = Field(default=64, ge=1)
+    """questions to sample (mixed groups are probed)"""
+    group_size: int = Field(default=8, ge=2)
+    """rollouts per question"""
+    lr: float = Field(default=1e-2, gt=0)
+    """step size of the probe update (the first-order change needs none)"""
+    optimizer: Literal["adam", "sgd"] = "sgd"
+    """the probe update: plain SGD (Eq. 3) or a fresh Adam"""
+    temperature: float = Field(default=1.0, ge=0)
+    """sampling temperature"""
+    seed: int = 0
+    """sampling seed"""
+    updates: int = Field(default=1, ge=1)
+    """updates on each group (1: Eq. 3; more: a rollout batch's optimizer steps, where LLDS can
+    act from the second on)"""
+    llds_coef: float = Field(default=0.0, ge=0)
+    """LLDS lambda in the probe updates (0: GRPO alone)"""
+    max_probed: int | None = Field(default=None, ge=1)
+    """stop once this many questions were probed (null: all of `limit`)"""
+    questions_from: str = ""
+    """probe.json of an earlier probe with the same sampling settings (model, data, retriever,
+    seed, group size, temperature, protocol): probe only the questions it probed, on the same
+    rollouts (to compare updates or LLDS question by question)"""
+    device: str = "auto"
+    """cpu, cuda, cuda:1, auto"""
+
+    def missing(self) -> list[tuple[str, str]]:
+        """Required keys left empty."""
+        out = super().missing()
+        return [*out, ("out", "required (the output directory)")] if not self.out else out
 
 
 PARTIAL = "probe.partial.jsonl"
 # where and how far a probe runs: no question's outcome depends on these
 RUN_ONLY = ("out", "device", "limit", "max_probed")
 # what a probe's questions' rollouts do not depend on; every other setting must match for
-# --questions-from (the model, data, retriever, seed, group size, temperature, protocol)
+# questions_from (the model, data, retriever, seed, group size, temperature, protocol)
 NOT_SAMPLING = (*RUN_ONLY, "questions_from", "lr", "optimizer", "updates", "llds_coef")
 
 
 def _settings(cfg: ProbeConfig) -> dict[str, Any]:
     """What each question's outcome depends on (a partial probe resumes only under the same).
     Not how many questions: question i's outcome does not depend on it, so a probe resumed with
-    a larger --limit or --max-probed goes on where it stopped."""
+    a larger limit or max_probed goes on where it stopped."""
     skip = RUN_ONLY
     if not cfg.questions_from:  # absent, not "", so partial probes of all questions stay valid
         skip += ("questions_from",)
@@ -401,7 +403,7 @@ def _resume(path, settings: dict[str, Any]) -> tuple[int, list[ProbeResult]]:
     if rows[0].get("settings") != settings:
         raise UserInputError(
             f"{path}: a partial probe with other settings ({rows[0].get('settings')}); "
-            "remove it or choose another --out"
+            "remove it or choose another out"
         )
     done = [r for r in rows[1:] if "index" in r]
     results = [ProbeResult(**r["result"]) for r in done if r["result"] is not None]
@@ -432,17 +434,18 @@ def probed_questions(path, cfg: ProbeConfig, protocol: dict[str, Any] | None = N
     try:
         earlier = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as e:
-        raise UserInputError(f"--questions-from {path}: not a readable probe.json ({e})") from None
+        raise UserInputError(f"questions_from: {path}: not a readable probe.json ({e})") from None
     settings = earlier.get("settings") if isinstance(earlier, dict) else None
     if not isinstance(settings, dict) or not isinstance(earlier.get("results", []), list):
-        raise UserInputError(f"--questions-from {path}: no 'settings' and 'results' of a probe")
+        raise UserInputError(f"questions_from: {path}: no 'settings' and 'results' of a probe")
     ours = asdict(cfg)
+    ours.pop("protocol")  # the overrides; the protocol they resolve to is compared below
     if protocol is not None and "protocol" in settings:  # older probes did not record it
         ours["protocol"] = protocol
     for key in (k for k in ours if k not in NOT_SAMPLING):
         if not _same_path(settings.get(key), ours[key]):
             raise UserInputError(
-                f"--questions-from {path}: its {key} is {settings.get(key)!r}, this probe's is "
+                f"questions_from: {path}: its {key} is {settings.get(key)!r}, this probe's is "
                 f"{ours[key]!r}; the questions would not get the same rollouts"
             )
     return {r["example_id"] for r in earlier.get("results", [])}
@@ -460,14 +463,13 @@ def probe_model(
     from pathlib import Path
 
     from llds.data.loaders import load_many
-    from llds.env.protocol import Protocol
     from llds.io import write_json
     from llds.policy.config import ModelConfig
     from llds.policy.setup import load_model
     from llds.retrieval.factory import open_retriever
 
-    proto = protocol or Protocol.read(cfg.model) or Protocol()
-    model, tok = load_model(ModelConfig(path=cfg.model, device=cfg.device), device_key="--device")
+    proto = protocol or cfg.protocol.resolve(cfg.model)[0]
+    model, tok = load_model(ModelConfig(path=cfg.model, device=cfg.device), device_key="device")
     rollout = RolloutConfig(
         **proto.rollout_limits(), group_size=cfg.group_size, temperature=cfg.temperature
     )
@@ -475,7 +477,7 @@ def probe_model(
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     # the protocol (template, topk, turn limits) shapes every rollout: a resume or a
-    # --questions-from under another one would mix groups sampled differently
+    # questions_from= under another one would mix groups sampled differently
     sampling = asdict(proto)
     partial, settings = out / PARTIAL, {**_settings(cfg), "protocol": sampling}
     only = probed_questions(cfg.questions_from, cfg, sampling) if cfg.questions_from else None

@@ -1,4 +1,4 @@
-"""Two probes of the same questions (`llds probe --questions-from`), compared question by
+"""Two probes of the same questions (`llds probe questions_from=...`), compared question by
 question: does one update rule (say, with LLDS) leave fewer correct responses losing likelihood
 than the other? Paired, because the questions differ far more from each other than the rules do.
 """

@@ -22,7 +22,7 @@ def _load_examples(cfg: SFTConfig) -> tuple[list[Any], list[Any], str | None]:
     from llds.data.loaders import load_examples, load_flashrag_jsonl
 
     if bool(cfg.world) == bool(cfg.data):
-        raise UserInputError("give exactly one of world (--world DIR) or data (--data FILE)")
+        raise UserInputError("give exactly one of world=DIR or data=FILE")
     if cfg.world:
         world = Path(cfg.world)
         train_file, test_file, corpus = (
@@ -80,14 +80,14 @@ def _model_and_tokenizer(cfg: SFTConfig, corpus: str | None, template: Any, trai
     from llds.policy.setup import resolve_device
 
     if bool(cfg.tiny) == bool(cfg.model):
-        raise UserInputError("give exactly one of tiny (--tiny) or model (--model PATH)")
-    device = str(resolve_device(cfg.device, "--device"))
+        raise UserInputError("give exactly one of tiny=true or model=PATH")
+    device = str(resolve_device(cfg.device, "device"))
     if cfg.tiny:
         from llds.models import tiny_causal_lm_for
 
         if not (corpus and Path(corpus).is_file()):
             raise UserInputError(
-                "--tiny fits its tokenizer to a corpus: give --world or a --corpus .jsonl file"
+                "tiny=true fits its tokenizer to a corpus: give world=DIR or a corpus=FILE .jsonl"
             )
         tok = tiny_tokenizer(
             corpus,
@@ -115,12 +115,12 @@ def _model_and_tokenizer(cfg: SFTConfig, corpus: str | None, template: Any, trai
 
 
 def _relabeled_copies(cfg: SFTConfig) -> list[tuple[list[Any], Any]]:
-    """(train questions, retriever) of each `--relabel-copies` copy of the `--world`."""
+    """(train questions, retriever) of each `relabel_copies` copy of the `world`."""
     k = cfg.relabel_copies
     if not k:
         return []
     if not cfg.world:
-        raise UserInputError("--relabel-copies needs --world (it permutes the world's names)")
+        raise UserInputError("relabel_copies needs world=DIR (it permutes the world's names)")
     from llds.data.world import read_world, relabel_world
     from llds.retrieval.bm25 import BM25Retriever
 
@@ -143,7 +143,7 @@ def run(cfg: SFTConfig) -> dict[str, Any]:
     train, test, world_corpus = _load_examples(cfg)
     corpus = cfg.corpus or world_corpus
     if corpus is None:
-        raise UserInputError("--data needs --corpus (a corpus .jsonl, index dir or URL)")
+        raise UserInputError("data needs corpus (a corpus .jsonl, index dir or URL)")
 
     from llds.env.prompts import PromptTemplate
     from llds.io import write_json
@@ -175,7 +175,7 @@ def run(cfg: SFTConfig) -> dict[str, Any]:
     print(
         f"{stats.kept} trajectories ({stats.to_dict()['kept_by_hops']} by hops; "
         f"{stats.early_answers} stopping early, "
-        f"{stats.skipped_hops} skipped by --max-hops, {stats.skipped_no_gold_in_retrieval} "
+        f"{stats.skipped_hops} skipped by max_hops, {stats.skipped_no_gold_in_retrieval} "
         f"without the answer in retrieval), {mean_len:.0f} tokens each on average; "
         f"model {n_params / 1e6:.2f}M parameters"
     )

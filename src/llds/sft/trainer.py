@@ -194,7 +194,7 @@ def _check_args(
     max_grad_norm: float,
 ) -> None:
     if not episodes:
-        raise ConfigError("sft: no training trajectories (check --max-hops / --num-examples)")
+        raise ConfigError("sft: no training trajectories (check max_hops / num_examples)")
     if (steps is None) == (epochs is None):
         raise ConfigError("sft: give exactly one of steps or epochs")
     checks = {

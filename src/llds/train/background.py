@@ -2,7 +2,7 @@
 
 Each run is `llds.train.run(cfg)` in a spawned process with one torch thread, its output in a
 log file; the caller polls `Process.is_alive()` and reads progress from the run's metrics.
-Used by the demo (GRPO and GRPO+LLDS at once) and the studies in `benchmarks/`.
+Used by the demo (GRPO and GRPO+LLDS at once) and the studies in `experiments/`.
 
 A run never outlives the process that started it: killed, that process leaves no orphan that
 keeps writing into the run directory (where a restarted run would then resume from the
@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
+from llds.logs import setup_logging
 from llds.train.config import TrainConfig
 
 ORPHAN_POLL_S = 1.0
@@ -54,7 +55,7 @@ def _run_logged(cfg: TrainConfig, log_path: str, parent_pid: int) -> None:
         contextlib.redirect_stdout(log),
         contextlib.redirect_stderr(log),  # progress bars of model loading go to the log too
     ):
-        logging.basicConfig(level=logging.INFO, stream=log, format="%(message)s", force=True)
+        setup_logging(cfg.logging.verbose, stream=log)
         try:
             run(cfg)
         except Exception:

@@ -1,19 +1,22 @@
-"""The training configuration: one dataclass per concern, loaded from YAML with overrides."""
+"""The training configuration: one section per concern, loaded from YAML with overrides.
+
+Types, choices and single-field ranges are declared on the fields (pydantic validates them);
+`TrainConfig.__post_init__` holds the checks that involve several sections.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-import math
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Literal
+
+from pydantic import Field
 
 from llds.algo.config import AlgoConfig, LLDSConfig
-from llds.algo.llds import GATES, LLDS_AGGREGATIONS
-from llds.algo.masking import AGGREGATIONS
-from llds.config.loader import from_dict, merge_config, parse_overrides, read_yaml
-from llds.errors import ConfigError
+from llds.config.loader import Overrides, build, gather
+from llds.config.schema import Invalid, check, section
+from llds.errors import ConfigError, UserInputError
 from llds.policy.config import LoRAConfig, ModelConfig
 from llds.rollout.config import RolloutConfig
 
@@ -23,91 +26,135 @@ __all__ = [
     "LoRAConfig",
     "ModelConfig",
     "TrainConfig",
+    "check_inputs",
     "load_config",
 ]
 
+Beta = Annotated[float, Field(ge=0, lt=1)]
 
-@dataclass
+
+@section(key="data")
 class DataConfig:
+    """The questions."""
+
     train: str = ""
-    """train questions: .parquet (Search-R1), .jsonl (FlashRAG), or `trivia:list1,list2`"""
+    """train questions: .parquet (Search-R1), .jsonl (FlashRAG), or `trivia:list1,list2`;
+    required"""
     eval: str = ""
+    """held-out questions for `eval_every` and `diagnostics.reference_every` (same formats)"""
     prompt_template: str | None = None
     """a template file or inline text containing {question}; null = the default instruction"""
-    train_limit: int | None = None
-    eval_limit: int | None = None
+    train_limit: int | None = Field(default=None, ge=1)
+    """use the first N training questions; null = every question"""
+    eval_limit: int | None = Field(default=None, ge=1)
+    """use the first N held-out questions; null = every question"""
 
 
-@dataclass
+@section(key="retriever")
 class RetrieverConfig:
+    """The search engine the rollouts query."""
+
     source: str = ""
     """a corpus .jsonl (BM25 built on the fly), an index directory, or an http(s):// URL; not
     needed (and not opened) for single-turn training, `rollout.max_turns=0`"""
-    topk: int = 3
-    retry_seconds: float = 120.0
+    topk: int = Field(default=3, ge=1)
+    """passages per search (also `rollout.topk`: one top-k)"""
+    retry_seconds: float = Field(default=120.0, gt=0)
     """how long a retrieval service (a URL source) that stops answering is retried, with
     backoff, before the run stops; it then exits with code 2 and resumes from its last
     checkpoint when started again with the same command"""
 
 
-@dataclass
+@section(key="optim")
 class OptimConfig:
-    lr: float = 1e-6
-    weight_decay: float = 0.01
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
-    warmup_steps: int = 0
-    warmup_ratio: float | None = None
+    """AdamW on float32 master weights, and how a rollout batch is split into optimizer steps."""
+
+    lr: float = Field(default=1e-6, gt=0)
+    """peak learning rate"""
+    weight_decay: float = Field(default=0.01, ge=0)
+    """AdamW's decoupled weight decay"""
+    betas: tuple[Beta, Beta] = (0.9, 0.999)
+    """AdamW's (beta1, beta2), each in [0, 1)"""
+    eps: float = Field(default=1e-8, gt=0)
+    """AdamW's epsilon"""
+    warmup_steps: int = Field(default=0, ge=0)
+    """linear warm-up length in training steps"""
+    warmup_ratio: float | None = Field(default=None, ge=0, lt=1)
     """warm-up as a share of `steps` (Search-R1's code: 0.285); replaces warmup_steps when set"""
     schedule: Literal["constant", "cosine", "linear"] = "constant"
-    grad_clip: float = 1.0
-    mini_batches: int = 10
+    """learning rate after the warm-up"""
+    grad_clip: float | None = Field(default=1.0, gt=0)
+    """clip the global gradient norm to this; null = no clipping"""
+    mini_batches: int = Field(default=10, ge=1)
     """optimizer steps per rollout batch (per epoch), as the paper's 10; LLDS acts from the
     second on, so LLDS with one step in all is a config error"""
-    epochs: int = 1
-    micro_batch_tokens: int = 16384
+    epochs: int = Field(default=1, ge=1)
+    """passes over each rollout batch"""
+    micro_batch_tokens: int = Field(default=16384, ge=1)
     """token budget of one forward+backward (rows x padded length)"""
-    max_nonfinite_in_a_row: int = 3
+    max_nonfinite_in_a_row: int = Field(default=3, ge=1)
+    """optimizer steps with a non-finite loss or gradient (skipped) in a row before the run
+    stops"""
+
+    def __post_init__(self) -> None:
+        if self.warmup_ratio is not None and self.warmup_steps:
+            raise Invalid("warmup_ratio", "set either warmup_ratio or warmup_steps, not both")
 
 
-@dataclass
+@section(key="logging")
 class LoggingConfig:
+    """Where metrics go and how much is printed."""
+
     tensorboard: bool = True
+    """write TensorBoard event files under RUN_DIR/tensorboard"""
     wandb: bool = False
+    """log to Weights & Biases (needs `pip install 'llds[wandb]'`)"""
     wandb_project: str = "llds"
+    """the W&B project"""
     progress: bool = True
+    """one line per step: a live bar on a terminal, else one printed line (log files, CI)"""
+    verbose: bool = False
+    """also log every retrieval HTTP request and third-party debug lines (default: one progress
+    line per step)"""
 
 
-@dataclass
+@section(key="diagnostics")
 class DiagnosticsConfig:
+    """Likelihood-displacement measurements and alarms computed inside the training loop."""
+
     enabled: bool = True
-    sample_fraction: float = 1.0
+    """measure displacement (`lld/*`) after each update"""
+    sample_fraction: float = Field(default=1.0, gt=0, le=1)
     """share of the rollout batch re-scored after the update for displacement metrics"""
     alarms: bool = True
+    """watch the logged rows for the phases that precede a collapse"""
     on_alarm: Literal["warn", "stop", "rollback"] = "warn"
-    rollback_llds_coef: float = 0.2
+    """what an alarm does: log it, stop the run, or roll back to the last checkpoint and turn
+    LLDS on"""
+    rollback_llds_coef: float = Field(default=0.2, ge=0)
+    """LLDS lambda after a rollback (`on_alarm: rollback`)"""
     update_ratio: bool = True
     """log `optim/update_ratio` = ||delta theta|| / ||theta|| per step (keeps one copy of the
     trainable weights during the update; off with `enabled: false` too)"""
-    probe_every: int = 0
+    probe_every: int = Field(default=0, ge=0)
     """every N steps, the one-step probe (the paper's Eq. 3) on a fixed set of training
     questions, on a copy of the policy: `probe/*` metrics (main process only); 0 = off"""
-    probe_questions: int = 16
+    probe_questions: int = Field(default=16, ge=1)
     """questions in the probe set (only those whose sampled group is mixed are probed)"""
-    probe_lr: float = 1e-2
+    probe_lr: float = Field(default=1e-2, gt=0)
     """plain-SGD step of the probe update (`probe/first_order_*` need no step size)"""
-    hidden_similarity_every: int = 10
+    hidden_similarity_every: int = Field(default=10, ge=0)
     """every N steps, `lld/hidden_cos_correct_incorrect`: the mean cosine similarity of the last
     hidden states (averaged over response tokens) of correct and incorrect responses of a group
     (one extra forward over the mixed groups' rollouts); 0 = off"""
-    reference_every: int = 0
+    reference_every: int = Field(default=0, ge=0)
     """every N steps, `lld/ref_*`: the likelihood change of fixed reference chains, the starting
     policy's greedy answers to the held-out questions (`data.eval`, `data.eval_limit`), split
     into those that were correct and wrong (one no-grad forward; main process only); 0 = off.
     Sees what the batch cannot: correct answers to questions outside it losing likelihood"""
 
 
-@dataclass
+@section(key="fsdp")
 class FSDPConfig:
     """Fully sharded data parallel (torch FSDP2) for policies that do not fit one device.
 
@@ -117,95 +164,76 @@ class FSDPConfig:
     Needs a multi-process launch (torchrun / accelerate launch)."""
 
     enabled: bool = False
+    """shard the policy over the processes"""
     reshard_after_forward: bool = True
     """free each block's gathered weights after its forward (less memory, one more all-gather
     in the backward)"""
 
 
-@dataclass
+@section
 class TrainConfig:
+    """`llds train`: GRPO (+LLDS) on a search agent."""
+
     run_dir: str = "runs/default"
+    """where metrics, evaluations, alarms and checkpoints go"""
     seed: int = 0
-    steps: int = 100
-    prompts_per_step: int = 8
-    save_every: int = 10
-    keep_checkpoints: int = 2
-    eval_every: int = 0
-    eval_max_turns: int = 4
-    threads: int | None = None
+    """seed of the question order, sampling and initialisation"""
+    steps: int = Field(default=100, ge=1)
+    """training steps (one rollout batch each)"""
+    prompts_per_step: int = Field(default=8, ge=1)
+    """questions per step (each gets `rollout.group_size` rollouts)"""
+    save_every: int = Field(default=10, ge=1)
+    """checkpoint every N steps (and at the end)"""
+    keep_checkpoints: int = Field(default=2, ge=1)
+    """checkpoints kept on disk (the newest)"""
+    eval_every: int = Field(default=0, ge=0)
+    """greedy held-out evaluation on `data.eval` every N steps; 0 = off"""
+    eval_max_turns: int = Field(default=4, ge=0)
+    """searches allowed in that evaluation"""
+    threads: int | None = Field(default=None, ge=1)
     """torch CPU threads (null = torch's default; 1 is often fastest for tiny models)"""
-    model: ModelConfig = field(default_factory=ModelConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    retriever: RetrieverConfig = field(default_factory=RetrieverConfig)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    algo: AlgoConfig = field(default_factory=AlgoConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    logging: LoggingConfig = field(default_factory=LoggingConfig)
-    diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)
-    fsdp: FSDPConfig = field(default_factory=FSDPConfig)
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    """the policy"""
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    """the questions"""
+    retriever: RetrieverConfig = dataclasses.field(default_factory=RetrieverConfig)
+    """the search engine"""
+    rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
+    """multi-turn generation"""
+    algo: AlgoConfig = dataclasses.field(default_factory=AlgoConfig)
+    """the objective: GRPO, KL, entropy, LLDS"""
+    optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
+    """the optimizer"""
+    logging: LoggingConfig = dataclasses.field(default_factory=LoggingConfig)
+    """metrics sinks and terminal output"""
+    diagnostics: DiagnosticsConfig = dataclasses.field(default_factory=DiagnosticsConfig)
+    """in-loop measurements and alarms"""
+    fsdp: FSDPConfig = dataclasses.field(default_factory=FSDPConfig)
+    """sharding over processes"""
+    make_inputs: str = ""
+    """the command that makes the model, data and corpus this config names (a preset's
+    `llds demo --skip-train`); `llds train` says it when one of them does not exist"""
 
-    def validate(self) -> None:
-        """Cross-field checks the types alone cannot express."""
+    def __post_init__(self) -> None:
+        """Checks that involve several sections; one top-k (`retriever.topk`) for the run."""
+        self.rollout.topk = self.retriever.topk  # what --print-config shows is what runs
+        for key, why in self._problems():
+            raise Invalid(key, why)
 
-        def bad(key: str, why: str) -> ConfigError:
-            return ConfigError(f"{key}: {why}")
-
-        for key, val in _floats(self):  # nan compares false with every bound below
-            if not math.isfinite(val):
-                raise bad(key, f"must be a finite number, got {val}")
-        lora = self.model.lora
-        if lora is not None:
-            if lora.r < 1:
-                raise bad("model.lora.r", f"must be >= 1, got {lora.r}")
-            if lora.alpha <= 0:
-                raise bad("model.lora.alpha", f"must be > 0, got {lora.alpha}")
-            if not 0 <= lora.dropout < 1:
-                raise bad("model.lora.dropout", f"must be in [0, 1), got {lora.dropout}")
-            if not lora.target_modules:
-                raise bad("model.lora.target_modules", "name at least one module")
-            if self.fsdp.enabled:
-                raise bad("model.lora", "LoRA with fsdp.enabled is not supported; use one")
-        if not self.model.path:
-            raise bad("model.path", "required (an HF model directory, hub id, or smollm2)")
-        if not self.data.train:
-            raise bad("data.train", "required (a .parquet, .jsonl, or trivia:LIST spec)")
-        if not self.retriever.source and self.rollout.max_turns > 0:
-            raise bad(
-                "retriever.source",
-                "required (corpus .jsonl, index directory, or URL) unless rollout.max_turns=0",
+    def _problems(self) -> list[tuple[str, str]]:
+        """`(dotted key, why)` of each broken cross-section rule, the most basic first."""
+        out: list[tuple[str, str]] = []
+        if self.model.lora is not None and self.fsdp.enabled:
+            out.append(("model.lora", "LoRA with fsdp.enabled is not supported; use one"))
+        if self.rollout.group_size < 2:
+            out.append(
+                (
+                    "rollout.group_size",
+                    f"must be >= 2, got {self.rollout.group_size}: GRPO's advantages are "
+                    "relative to the group of a question's rollouts, so with one every "
+                    "advantage is 0 and nothing learns",
+                )
             )
-        if self.retriever.retry_seconds <= 0:
-            raise bad("retriever.retry_seconds", f"must be > 0, got {self.retriever.retry_seconds}")
-        for key, val in (
-            ("steps", self.steps),
-            ("prompts_per_step", self.prompts_per_step),
-            ("save_every", self.save_every),
-        ):
-            if val < 1:
-                raise bad(key, f"must be >= 1, got {val}")
-        for key, limit in (
-            ("data.train_limit", self.data.train_limit),
-            ("data.eval_limit", self.data.eval_limit),
-        ):
-            if limit is not None and limit < 1:
-                raise bad(key, f"must be >= 1 (null = every question), got {limit}")
-        group = self.rollout.group_size
-        if group < 2:
-            raise bad(
-                "rollout.group_size",
-                f"must be >= 2, got {group}: GRPO's advantages are relative to the group of a "
-                "question's rollouts, so with one every advantage is 0 and nothing learns",
-            )
-        if self.algo.aggregation not in AGGREGATIONS:
-            raise bad("algo.aggregation", f"must be one of {list(AGGREGATIONS)}")
-        if self.algo.llds.gate not in GATES:
-            raise bad("algo.llds.gate", f"must be one of {list(GATES)}")
-        if self.algo.llds.aggregation not in LLDS_AGGREGATIONS:
-            raise bad("algo.llds.aggregation", f"must be one of {list(LLDS_AGGREGATIONS)}")
-        if self.algo.llds.coef < 0:
-            raise bad("algo.llds.coef", "must be >= 0")
-        if self.optim.mini_batches < 1 or self.optim.epochs < 1:
-            raise bad("optim.mini_batches", "mini_batches and epochs must be >= 1")
         if not self.llds_can_act:
             why = (
                 "LLDS acts only from the second optimizer step on a rollout batch (on the first, "
@@ -213,45 +241,50 @@ class TrainConfig:
                 "optim.mini_batches >= 2 (the paper takes 10)"
             )
             if self.algo.llds.enabled and self.algo.llds.coef > 0:
-                raise bad("optim.mini_batches", f"{why}, or algo.llds.enabled=false")
+                out.append(("optim.mini_batches", f"{why}, or algo.llds.enabled=false"))
             if self.diagnostics.on_alarm == "rollback":
-                raise bad(
-                    "optim.mini_batches",
-                    f"diagnostics.on_alarm=rollback turns LLDS on after a rollback: {why}",
+                out.append(
+                    (
+                        "optim.mini_batches",
+                        f"diagnostics.on_alarm=rollback turns LLDS on after a rollback: {why}",
+                    )
                 )
         if self.fsdp.enabled and self.model.dtype == "float16":
-            raise bad("fsdp.enabled", "FSDP runs bf16 or float32 compute; use model.dtype=bfloat16")
+            why = "FSDP runs bf16 or float32 compute; use model.dtype=bfloat16"
+            out.append(("fsdp.enabled", why))
         if self.rollout.dtype is not None and self.algo.old_logprobs == "rollout":
-            raise bad(
-                "algo.old_logprobs",
-                f"'rollout' reads pi_old from the sampling logits, but rollout.dtype="
-                f"{self.rollout.dtype} samples from a copy whose numbers differ from the policy's "
-                "forward; use auto or recompute",
+            out.append(
+                (
+                    "algo.old_logprobs",
+                    f"'rollout' reads pi_old from the sampling logits, but rollout.dtype="
+                    f"{self.rollout.dtype} samples from a copy whose numbers differ from the "
+                    "policy's forward; use auto or recompute",
+                )
             )
-        w = self.optim.warmup_ratio
-        if w is not None:
-            if not 0 <= w < 1:
-                raise bad("optim.warmup_ratio", f"must be in [0, 1), got {w}")
-            if self.optim.warmup_steps:
-                raise bad("optim.warmup_ratio", "set either warmup_ratio or warmup_steps, not both")
         rows = self.prompts_per_step * self.rollout.group_size
         if self.optim.mini_batches > rows:
-            raise bad("optim.mini_batches", f"{self.optim.mini_batches} > {rows} rollouts per step")
-        if not 0 < self.diagnostics.sample_fraction <= 1:
-            raise bad("diagnostics.sample_fraction", "must be in (0, 1]")
-        d = self.diagnostics
-        for key in ("probe_every", "hidden_similarity_every", "reference_every"):
-            if getattr(d, key) < 0:
-                raise bad(f"diagnostics.{key}", f"must be >= 0 (0 = off), got {getattr(d, key)}")
-        if d.reference_every > 0 and not self.data.eval:
-            raise bad("diagnostics.reference_every", "needs data.eval (held-out questions)")
-        if d.probe_every > 0 and d.probe_questions < 1:
-            raise bad("diagnostics.probe_questions", f"must be >= 1, got {d.probe_questions}")
-        if d.probe_every > 0 and not (d.probe_lr > 0 and math.isfinite(d.probe_lr)):
-            raise bad("diagnostics.probe_lr", f"must be a positive number, got {d.probe_lr}")
-        self.rollout.validate()
-        if self.optim.lr <= 0:
-            raise bad("optim.lr", "must be > 0")
+            why = f"{self.optim.mini_batches} > {rows} rollouts per step"
+            out.append(("optim.mini_batches", why))
+        if self.diagnostics.reference_every > 0 and not self.data.eval:
+            out.append(("diagnostics.reference_every", "needs data.eval (held-out questions)"))
+        return out
+
+    def missing(self) -> list[tuple[str, str]]:
+        """`(dotted key, why)` of each required key left empty (the loader refuses them; the
+        defaults alone are a valid object, e.g. for comparing a saved config against)."""
+        out = []
+        if not self.model.path:
+            out.append(("model.path", "required (an HF model directory, hub id, or smollm2)"))
+        if not self.data.train:
+            out.append(("data.train", "required (a .parquet, .jsonl, or trivia:LIST spec)"))
+        if not self.retriever.source and self.rollout.max_turns > 0:
+            why = "required (corpus .jsonl, index directory, or URL) unless rollout.max_turns=0"
+            out.append(("retriever.source", why))
+        return out
+
+    def validate(self) -> None:
+        """Every check again (after fields were assigned one by one), required keys included."""
+        check(self)
 
     @property
     def llds_can_act(self) -> bool:
@@ -266,26 +299,50 @@ class TrainConfig:
         return self.optim.warmup_steps
 
 
-def _floats(obj: object, prefix: str = "") -> Iterator[tuple[str, float]]:
-    """Every float in a config tree with its dotted key (tuple items as `key[i]`)."""
-    for f in dataclasses.fields(obj):  # type: ignore[arg-type]
-        key, val = f"{prefix}{f.name}", getattr(obj, f.name)
-        if dataclasses.is_dataclass(val):
-            yield from _floats(val, f"{key}.")
-        elif isinstance(val, float):
-            yield key, val
-        elif isinstance(val, list | tuple):
-            yield from ((f"{key}[{i}]", v) for i, v in enumerate(val) if isinstance(v, float))
+def load_config(path: str | Path | None = None, overrides: Overrides | None = None) -> TrainConfig:
+    """`TrainConfig` from a YAML file or preset name (optional) and `key=value` overrides."""
+    got = gather(TrainConfig, path, overrides or ())
+    _refuse_second_topk(got.data, got.source_of("rollout.topk"))
+    return build(TrainConfig, got)
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
-    """Read YAML (optional), apply `key=value` overrides, build and validate the config."""
-    data: dict[str, Any] = read_yaml(path, TrainConfig) if path else {}
-    if overrides:
-        data = merge_config(data, parse_overrides(overrides), TrainConfig)
-    if isinstance(data.get("rollout"), dict) and "topk" in data["rollout"]:
-        raise ConfigError("rollout.topk: set retriever.topk instead (passages per search)")
-    cfg = from_dict(TrainConfig, data)
-    cfg.rollout.topk = cfg.retriever.topk  # one top-k: what --print-config shows is what runs
-    cfg.validate()
-    return cfg
+def _refuse_second_topk(data: Mapping[str, object], source: str | None) -> None:
+    """`rollout.topk` may only repeat `retriever.topk` (as a printed config does)."""
+    rollout, retriever = data.get("rollout"), data.get("retriever")
+    if not isinstance(rollout, Mapping) or "topk" not in rollout:
+        return
+    wanted = retriever.get("topk", 3) if isinstance(retriever, Mapping) else 3
+    if rollout["topk"] != wanted:
+        where = f"{source}: " if source else ""
+        raise ConfigError(
+            f"{where}rollout.topk: set retriever.topk instead (passages per search; one top-k)"
+        )
+
+
+def check_inputs(cfg: TrainConfig) -> None:
+    """Refuse a local input (model, data, corpus) that does not exist, in one line that says
+    how to make it: the config's `make_inputs`, else where relative paths start from."""
+    for key, path in _local_inputs(cfg):
+        if Path(path).expanduser().exists():
+            continue
+        how = f"; make it with `{cfg.make_inputs}`" if cfg.make_inputs else ""
+        raise UserInputError(
+            f"{key}: {path} does not exist (paths are relative to the working directory){how}"
+        )
+
+
+def _local_inputs(cfg: TrainConfig) -> list[tuple[str, str]]:
+    """`(key, path)` of each input the run opens that names a local file or directory: not a
+    URL, not a `trivia:` list, not the packaged `smollm2`, not a hub id (`org/name`)."""
+    out = []
+    evaluates = cfg.eval_every > 0 or cfg.diagnostics.reference_every > 0
+    for key, spec in (("data.train", cfg.data.train), ("data.eval", cfg.data.eval)):
+        if spec and not spec.startswith("trivia:") and (key == "data.train" or evaluates):
+            out.append((key, spec))
+    source = cfg.retriever.source
+    if source and cfg.rollout.max_turns > 0 and not source.startswith(("http://", "https://")):
+        out.append(("retriever.source", source))
+    model = cfg.model.path
+    if model.startswith((".", "/", "~")) or model.count("/") >= 2:
+        out.append(("model.path", model))
+    return out

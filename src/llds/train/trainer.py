@@ -5,17 +5,17 @@ group advantages -> old log-probs (from the rollout's own sampling passes in flo
 no-grad forward pass) -> reference log-probs (KL) ->
 `mini_batches x epochs` optimizer steps on policy loss + KL + entropy bonus + LLDS -> LLD
 diagnostics -> metrics -> periodic atomic checkpoint.
+
+The constructor builds the run's pieces in order, one `llds.train.build` function each; the
+optimizer steps are `llds.train.policy_update.PolicyUpdate`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import json
 import logging
-import math
-import random
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,41 +25,25 @@ import torch
 
 from llds import metrics as keys
 from llds.algo import group_advantages
-from llds.algo.lr_schedule import lr_factor
 from llds.config.loader import to_dict
 from llds.data.example import QAExample
-from llds.env.prompts import PromptTemplate, build_prompt_ids
-from llds.env.protocol import Protocol
-from llds.env.rewards import FormatRewardConfig
-from llds.errors import ConfigError, ServiceUnavailableError, UserInputError
-from llds.evaluation.periodic import PeriodicEvaluator, eval_rollout_config, is_due
+from llds.env.prompts import build_prompt_ids
+from llds.errors import ServiceUnavailableError
+from llds.evaluation.periodic import eval_rollout_config, is_due
 from llds.monitor.alarms import Alarm, AlarmMonitor, should_act
-from llds.monitor.likelihood import (
-    displacement_metrics,
-    group_hidden_similarity,
-)
+from llds.monitor.likelihood import displacement_metrics, group_hidden_similarity
 from llds.monitor.rollout_metrics import rollout_metrics
 from llds.policy.float_env import float_environment
-from llds.policy.forward import (
-    batched_log_probs,
-    pooled_response_hidden,
-)
-from llds.policy.lora import ADAPTER_DIR, WithoutAdapters, attach_lora, load_adapter
-from llds.policy.precision import Precision, compute_dtype_of
-from llds.policy.sampling_copy import (
-    make_sampling_copy,
-    refresh_sampling_copy,
-    sampling_context,
-)
-from llds.policy.setup import frozen_copy, load_model
+from llds.policy.forward import batched_log_probs, pooled_response_hidden
+from llds.policy.sampling_copy import refresh_sampling_copy, sampling_context
+from llds.policy.setup import load_model
 from llds.probe.one_step import probe_metrics, run_probe
 from llds.probe.reference import REFERENCE_FILE, ReferenceChains
 from llds.retrieval.client import RetrievalServiceError
 from llds.rollout import RolloutBatch, RolloutEngine, RolloutRequest
 from llds.runs.tracking import MetricsLogger, read_metrics
-from llds.train import fsdp
+from llds.train import build, fsdp
 from llds.train.checkpoint import (
-    find_resumable,
     load_training_state,
     publish_checkpoint,
     save_checkpoint,
@@ -70,15 +54,9 @@ from llds.train.checkpoint import (
 from llds.train.config import TrainConfig
 from llds.train.distributed import Dist
 from llds.train.policy_update import PolicyUpdate
+from llds.train.progress import StepProgress
 from llds.train.prompts import PromptStream
-from llds.train.resume import (
-    FLOAT_ENV_KEY,
-    apply_optimizer_changes,
-    checked_config_changes,
-    parse_allowances,
-    prepare_run_dir,
-    warn_if_float_env_changed,
-)
+from llds.train.resume import FLOAT_ENV_KEY, apply_optimizer_changes, prepare_run_dir
 
 log = logging.getLogger("llds.train")
 
@@ -114,123 +92,45 @@ class GRPOTrainer:
         self.ckpt_root = self.run_dir / "checkpoints"
         torch.manual_seed(cfg.seed)
         self.dist = Dist()
-        if cfg.prompts_per_step % self.dist.world:
-            raise UserInputError(
-                f"prompts_per_step={cfg.prompts_per_step} must be divisible by the number of "
-                f"processes ({self.dist.world}) so that every rank gets whole groups"
-            )
+        build.check_loss_terms(cfg)
+        build.check_whole_groups(cfg, self.dist)
         self.resume = resume
-        # verified (every file hashed) once, on the main process: the disk is shared
-        ckpt, self.damaged = (
-            self.dist.from_main(lambda: find_resumable(self.ckpt_root)) if resume else (None, [])
+        start = build.resume_point(
+            cfg, self.dist, self.ckpt_root, resume=resume, allow_config_change=allow_config_change
         )
-        changed = checked_config_changes(
-            cfg, ckpt, parse_allowances(allow_config_change), report=self.dist.is_main
-        )
-        if self.dist.is_main:
-            warn_if_float_env_changed(ckpt)
+        self.damaged = start.damaged
+        # the questions before the model: a data problem is found before weights load
+        train_examples = build.train_examples(cfg, train_examples)
 
-        # float32 master weights whatever model.dtype says; that is the compute dtype
-        if model is None or tokenizer is None:
-            model, tokenizer = load_model(cfg.model, dtype="float32")
-        _to_float32(model)
-        if self.dist.enabled:
-            model.to(self.dist.device)
-        device_type = next(model.parameters()).device.type
-        self.precision = Precision(compute_dtype_of(cfg.model.dtype, cfg.model.path), device_type)
-        lora = cfg.model.lora
-        self.ref_model: Any = (
-            frozen_copy(model, self.precision.compute_dtype)
-            if cfg.algo.kl_coef > 0 and lora is None
-            else None
-        )
-        if lora is not None:  # adapters on the initial weights: fresh, or the checkpoint's
-            model = (
-                attach_lora(model, lora)
-                if ckpt is None
-                else load_adapter(model, ckpt / ADAPTER_DIR)
-            )
-            if cfg.algo.kl_coef > 0:  # the reference is the initial model: adapters off
-                self.ref_model = WithoutAdapters(model)
-        elif ckpt is not None:
-            model, tokenizer = load_model(cfg.model, path=str(ckpt / "model"), dtype="float32")
-            _to_float32(model)
-            model.to(device_type if not self.dist.enabled else self.dist.device)
-        self.model, self.tokenizer = model, tokenizer
+        policy = build.policy(cfg, self.dist, start.checkpoint, model, tokenizer)
+        self.model, self.tokenizer = policy.model, policy.tokenizer
+        self.precision, self.ref_model = policy.precision, policy.reference
         self.scaler = self.precision.grad_scaler()
-        # the model that samples, scores pi_old and is evaluated: the policy itself, or under
-        # FSDP an unsharded copy in the compute dtype, refreshed from the shards every step
-        self.rollout_model = self.model
         self.sharded = cfg.fsdp.enabled
-        if self.sharded:
-            if not self.dist.enabled:
-                raise ConfigError(
-                    "fsdp.enabled: needs a multi-process launch (torchrun or accelerate launch)"
-                )
-            self.rollout_model = frozen_copy(self.model, self.precision.compute_dtype)
-            fsdp.shard_policy(
-                self.model,
-                compute_dtype=self.precision.compute_dtype,
-                reshard_after_forward=cfg.fsdp.reshard_after_forward,
-            )
+        self.rollout_model = build.rollout_model(cfg, self.dist, self.model, self.precision)
         self.model.train()
-        # the model rollouts and periodic evaluation sample from: the rollout model, or with
-        # rollout.dtype a copy of it in that dtype, refreshed after every update
-        self.sampler = self.rollout_model
-        if cfg.rollout.dtype is not None:
-            self.sampler = make_sampling_copy(
-                self.rollout_model, cfg.rollout.dtype, cfg.rollout.attn_implementation
-            )
+        self.sampler = build.sampling_model(cfg, self.rollout_model)
 
-        if retriever is None and cfg.rollout.max_turns > 0:  # single-turn runs never search
-            from llds.retrieval.factory import is_url, open_retriever
-
-            source = cfg.retriever.source
-            options = {"retry_seconds": cfg.retriever.retry_seconds} if is_url(source) else {}
-            retriever = open_retriever(source, **options)
-        self.retriever = retriever
-        if train_examples is None:
-            from llds.data.loaders import load_examples
-
-            train_examples = load_examples(cfg.data.train, limit=cfg.data.train_limit)
+        self.retriever = build.retriever(cfg, retriever)
         self.stream = PromptStream(train_examples, cfg.seed)
-        self.template = (
-            PromptTemplate.default()
-            if cfg.data.prompt_template is None
-            else _template_from(cfg.data.prompt_template)
-        )
+        self.template = build.prompt_template(cfg)
         self._prompt_cache: dict[str, list[int]] = {}
+        self.engine = build.rollout_engine(cfg, self.sampler, self.tokenizer, self.retriever)
+        self.protocol = build.protocol(cfg, self.template)
+        self.evaluator = build.periodic_evaluator(
+            cfg,
+            self.dist,
+            eval_examples,
+            search=self.retriever,
+            tokenizer=self.tokenizer,
+            rollout=self.engine.config,
+            template=self.template,
+            run_dir=self.run_dir,
+        )
+        self.probe_set = build.probe_set(cfg, self.dist, train_examples)
 
-        fmt = FormatRewardConfig(enabled=True) if cfg.algo.format_reward else None
-        rollout_cfg = dataclasses.replace(cfg.rollout, topk=cfg.retriever.topk)  # one top-k
-        self.engine = RolloutEngine(
-            self.sampler, tokenizer, retriever, rollout_cfg, format_reward=fmt
-        )
-        # saved beside every checkpoint's weights, so that `llds eval` talks to it the same way
-        self.protocol = Protocol(
-            prompt_template=None if cfg.data.prompt_template is None else self.template.text,
-            chat=cfg.model.chat,
-            topk=cfg.retriever.topk,
-            max_turns=cfg.eval_max_turns,
-            max_turn_tokens=cfg.rollout.max_turn_tokens,
-            max_obs_tokens=cfg.rollout.max_obs_tokens,
-            max_total_tokens=cfg.rollout.max_total_tokens,
-        )
-        self.evaluator = self._periodic_evaluator(eval_examples)
-        self.probe_set = self._probe_set(train_examples)
-
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(
-            params,
-            lr=cfg.optim.lr,
-            betas=tuple(cfg.optim.betas),
-            eps=cfg.optim.eps,
-            weight_decay=cfg.optim.weight_decay,
-            fused=_fusable(params),
-        )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_factor(cfg.optim.schedule, cfg.warmup_steps, cfg.steps)
-        )
+        self.optimizer = build.optimizer(cfg, self.model)
+        self.scheduler = build.scheduler(cfg, self.optimizer)
         self.updater = PolicyUpdate(
             cfg,
             self.model,
@@ -240,23 +140,8 @@ class GRPOTrainer:
             self.dist,
             sharded=self.sharded,
         )
-        self.step = 0
-        if ckpt is not None:
-            state, blobs = load_training_state(ckpt)
-            if self.sharded:  # the weights were loaded above; this restores the Adam state
-                fsdp.load_sharded(ckpt / SHARDED, self.model, self.optimizer)
-            else:
-                self.optimizer.load_state_dict(blobs["optimizer"])
-            self.scheduler.load_state_dict(blobs["scheduler"])
-            if self.scaler is not None and "grad_scaler" in blobs:
-                self.scaler.load_state_dict(blobs["grad_scaler"])
-            set_rng_state(blobs["rng"])
-            apply_optimizer_changes(self.optimizer, self.scheduler, cfg, changed)
-            self.step = int(state["step"])
-            self.updater.nonfinite_in_a_row = int(state.get("nonfinite_in_a_row", 0))
-            self.updater.skipped_updates = int(state.get("skipped_updates", 0))
-            log.info("resumed from %s at step %d", ckpt, self.step)
-        prepare_run_dir(self.run_dir, ckpt, self.damaged, resume=resume, dist=self.dist)
+        self.step = 0 if start.checkpoint is None else self._restore(start)
+        prepare_run_dir(self.run_dir, start.checkpoint, self.damaged, resume=resume, dist=self.dist)
         self.reference = self._reference_chains(
             self.evaluator.examples if self.evaluator is not None else eval_examples
         )
@@ -265,6 +150,30 @@ class GRPOTrainer:
         self.monitor = self._new_monitor()
         self.rollbacks = 0
         self.rollback_llds_coef: float | None = None  # LLDS turned on by a rollback
+
+    def _restore(self, start: build.ResumePoint) -> int:
+        """Continue from `start`'s checkpoint, whose weights `build.policy` has loaded: the
+        optimizer, schedule, loss scale, random streams and guard counters; returns its step."""
+        assert start.checkpoint is not None
+        state, blobs = load_training_state(start.checkpoint)
+        self._load_optimizer_state(start.checkpoint, blobs)
+        set_rng_state(blobs["rng"])
+        apply_optimizer_changes(self.optimizer, self.scheduler, self.cfg, start.changed)
+        self.updater.nonfinite_in_a_row = int(state.get("nonfinite_in_a_row", 0))
+        self.updater.skipped_updates = int(state.get("skipped_updates", 0))
+        log.info("resumed from %s at step %d", start.checkpoint, int(state["step"]))
+        return int(state["step"])
+
+    def _load_optimizer_state(self, ckpt: Path, blobs: dict[str, Any]) -> None:
+        """The optimizer, schedule and loss scale of checkpoint `ckpt`; under FSDP its shards
+        (the weights and the Adam state together)."""
+        if self.sharded:
+            fsdp.load_sharded(ckpt / SHARDED, self.model, self.optimizer)
+        else:
+            self.optimizer.load_state_dict(blobs["optimizer"])
+        self.scheduler.load_state_dict(blobs["scheduler"])
+        if self.scaler is not None and "grad_scaler" in blobs:
+            self.scaler.load_state_dict(blobs["grad_scaler"])
 
     # ------------------------------------------------------------------ loop
     def train(
@@ -287,28 +196,11 @@ class GRPOTrainer:
             )
         rows: list[dict[str, Any]] = []
         try:
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-            )
-
-            with Progress(
-                TextColumn("[bold]train"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                TextColumn("{task.description}"),
-                disable=not show,
-                transient=False,
-            ) as bar:
-                task = bar.add_task("", total=target, completed=self.step)
+            with StepProgress(target, self.step, enabled=show) as progress:
                 while self.step < target:
                     metrics = self.train_step()
                     rows.append(metrics)
-                    bar.update(task, completed=self.step, description=_summary(metrics))
+                    progress.update(self.step, metrics)
         except RetrievalServiceError as exc:
             if exc.status is not None:  # the service answered: a bad request, not an outage
                 raise
@@ -451,36 +343,6 @@ class GRPOTrainer:
             self._on_alarms(alarms)
         return row
 
-    def _periodic_evaluator(self, examples: Sequence[QAExample] | None) -> PeriodicEvaluator | None:
-        """Greedy held-out evaluation every `eval_every` steps (main process only)."""
-        cfg = self.cfg
-        if cfg.eval_every <= 0 or not self.dist.is_main:
-            return None
-        if examples is None:
-            if not cfg.data.eval:
-                raise ConfigError("eval_every: set data.eval (held-out questions) or eval_every=0")
-            from llds.data.loaders import load_examples
-
-            examples = load_examples(cfg.data.eval, limit=cfg.data.eval_limit)
-        return PeriodicEvaluator(
-            examples,
-            self.retriever,
-            self.tokenizer,
-            # a single-turn run (no retriever) is evaluated single-turn too
-            eval_rollout_config(self.engine.config, cfg.eval_max_turns if self.retriever else 0),
-            template=self.template,
-            chat=cfg.model.chat,
-            out_dir=self.run_dir,
-        )
-
-    def _probe_set(self, examples: Sequence[QAExample]) -> list[QAExample]:
-        """The fixed questions the periodic probe uses (main process only; empty when off)."""
-        d = self.cfg.diagnostics
-        if d.probe_every <= 0 or not d.enabled or not self.dist.is_main:
-            return []
-        n = min(d.probe_questions, len(examples))
-        return random.Random(self.cfg.seed + 7919).sample(list(examples), n)
-
     def _probe(self) -> dict[str, float]:
         """The one-step probe on a float32 copy of the policy: the trained weights, optimizer
         and random streams are left exactly as they were."""
@@ -610,17 +472,12 @@ class GRPOTrainer:
             abandoned = self.run_dir / f"metrics.rollback{self.rollbacks + 1}.jsonl"
             abandoned.write_text((self.run_dir / "metrics.jsonl").read_text(encoding="utf-8"))
         state, blobs = load_training_state(target)
-        if self.sharded:
-            fsdp.load_sharded(target / SHARDED, self.model, self.optimizer)
-        else:
+        if not self.sharded:  # under FSDP the shards hold the weights
             model, _ = load_model(self.cfg.model, path=str(target / "model"), dtype="float32")
             self.model.load_state_dict(model.state_dict())
             del model
-            self.optimizer.load_state_dict(blobs["optimizer"])
+        self._load_optimizer_state(target, blobs)
         self._sync_copies()
-        self.scheduler.load_state_dict(blobs["scheduler"])
-        if self.scaler is not None and "grad_scaler" in blobs:
-            self.scaler.load_state_dict(blobs["grad_scaler"])
         self.step = int(state["step"])
         self.rollback_llds_coef = max(
             self.cfg.algo.llds.coef, self.cfg.diagnostics.rollback_llds_coef
@@ -789,43 +646,3 @@ class GRPOTrainer:
 def rollout_seed(seed: int, step: int, row: int) -> int:
     """A distinct 62-bit sampling seed per (run seed, step, global rollout index)."""
     return ((seed * 1_000_003 + step) * 1_000_033 + row) % (1 << 62)
-
-
-def _to_float32(model) -> None:
-    """Make every floating parameter float32 in place: these are the master weights the
-    optimizer steps (low precision is for compute only, see `llds.policy.precision`)."""
-    low = {p.dtype for p in model.parameters() if p.is_floating_point()} - {torch.float32}
-    if low:
-        log.info("policy weights %s -> float32 master weights", sorted(map(str, low)))
-        model.float()
-
-
-def _fusable(params: Sequence[torch.nn.Parameter]) -> bool:
-    """Whether AdamW can use its fused kernel: the same update in one pass over each tensor
-    instead of a handful of elementwise ops (the default per-tensor loop is several times slower
-    on CPU)."""
-    return all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
-
-
-def _template_from(spec: str) -> PromptTemplate:
-    if "{question}" in spec:
-        return PromptTemplate(spec)
-    path = Path(spec)
-    if not path.is_file():
-        raise UserInputError(
-            f"data.prompt_template: {spec!r} is neither a file nor a template with {{question}}"
-        )
-    return PromptTemplate.from_file(path)
-
-
-def _summary(m: dict[str, Any]) -> str:
-    def f(key: str, fmt: str = ".3f") -> str:
-        v = m.get(key)
-        return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)
-
-    return (
-        f"reward {f('reward/mean')} | searches {f('rollout/valid_searches', '.2f')} | "
-        f"logp+ {f('lld/logp_correct')} | disp+ {f('lld/disp_correct')} | "
-        f"H {f('policy/entropy')} | |g| {f('policy/grad_norm', '.2f')} | "
-        f"{f('time/step', '.1f')}s"
-    )
