@@ -23,7 +23,13 @@ from safetensors.torch import load_file
 from conftest import write_run_inputs
 from llds.cli import main
 from llds.runs.tracking import read_metrics
-from llds.train.checkpoint import MANIFEST, checkpoint_problem, find_resumable
+from llds.train.checkpoint import (
+    FORMAT_KEY,
+    MANIFEST,
+    TRAINER_STATE,
+    checkpoint_problem,
+    find_resumable,
+)
 from test_retrieval_server import free_port, start_server, stop, wait_ready
 
 STEPS = [1, 2, 3, 4]
@@ -169,10 +175,10 @@ def test_truncated_newest_checkpoint_resumes_from_the_one_before(
 def test_checkpoint_without_manifest_still_loads_and_is_checked(
     inputs, reference, run, capsys, caplog
 ) -> None:
-    """Checkpoints of older versions have no manifest: they resume, and a damaged one is still
-    found by loading what can be loaded cheaply."""
+    """Checkpoints of older versions have no manifest and no recorded format: they resume, and a
+    damaged one is still found by loading every tensor."""
     for ckpt in (run / "checkpoints").glob("step_*"):
-        (ckpt / MANIFEST).unlink()
+        make_legacy(ckpt)
     assert checkpoint_problem(run / "checkpoints" / "step_000004") is None
     truncate(run / "checkpoints" / "step_000004" / "optim.pt")
     rc, out = cli(train_args(inputs, run), capsys, caplog)
@@ -185,17 +191,72 @@ def test_checkpoint_without_manifest_still_loads_and_is_checked(
     )
 
 
+def make_legacy(ckpt: Path) -> None:
+    """What a checkpoint of a version before manifests looks like: no manifest, no format."""
+    (ckpt / MANIFEST).unlink()
+    state = json.loads((ckpt / TRAINER_STATE).read_text(encoding="utf-8"))
+    del state[FORMAT_KEY]
+    (ckpt / TRAINER_STATE).write_text(json.dumps(state, indent=2), encoding="utf-8")
+
+
+def flip_last_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF  # same size, other content
+    path.write_bytes(bytes(data))
+
+
+def test_a_lost_manifest_with_a_changed_byte_is_not_resumed(
+    inputs, reference, run, capsys, caplog
+) -> None:
+    """A checkpoint of this format always has a manifest: without one, nothing vouches for its
+    weights, so it is skipped (kept aside) and the run resumes from the one before."""
+    newest = run / "checkpoints" / "step_000004"
+    (newest / MANIFEST).unlink()
+    flip_last_byte(newest / WEIGHTS)
+    assert checkpoint_problem(newest).startswith(f"{MANIFEST} is missing, and this checkpoint")
+    rc, out = cli(train_args(inputs, run), capsys, caplog)
+    assert rc == 0, out
+    assert "resuming from step_000002" in out
+    assert_same_weights(weights(newest), weights(reference / "checkpoints" / "step_000004"))
+
+
+def test_a_legacy_checkpoint_with_non_finite_weights_is_refused(reference, tmp_path) -> None:
+    from safetensors.torch import save_file
+
+    ckpt = tmp_path / "step_000004"
+    shutil.copytree(reference / "checkpoints" / "step_000004", ckpt)
+    make_legacy(ckpt)
+    assert checkpoint_problem(ckpt) is None
+    tensors = weights(ckpt)
+    name = sorted(tensors)[0]
+    tensors[name] = tensors[name].clone()
+    tensors[name].view(-1)[0] = float("nan")
+    save_file(tensors, str(ckpt / WEIGHTS), metadata={"format": "pt"})
+    assert checkpoint_problem(ckpt) == f"{WEIGHTS}: tensor {name} has non-finite values"
+
+
+def test_leftover_staging_directories_are_removed_on_resume(
+    inputs, reference, run, capsys, caplog
+) -> None:
+    """A writer killed mid-checkpoint leaves `.tmp_step_N`: the next resume removes it."""
+    leftover = run / "checkpoints" / ".tmp_step_000006"
+    (leftover / "model").mkdir(parents=True)
+    (leftover / "model" / "half.bin").write_bytes(b"x" * 1000)
+    rc, out = cli(train_args(inputs, run, "steps=4"), capsys, caplog)
+    assert rc == 0, out
+    assert not leftover.exists()
+    assert "removed .tmp_step_000006" in out
+
+
 def test_a_changed_byte_or_a_broken_manifest_is_found(reference, tmp_path) -> None:
     ckpt = tmp_path / "step_000004"
     shutil.copytree(reference / "checkpoints" / "step_000004", ckpt)
-    data = bytearray((ckpt / WEIGHTS).read_bytes())
-    data[-1] ^= 0xFF  # same size, other content
-    (ckpt / WEIGHTS).write_bytes(bytes(data))
+    flip_last_byte(ckpt / WEIGHTS)
     assert checkpoint_problem(ckpt) == f"{WEIGHTS} does not match its SHA-256 in the manifest"
     (ckpt / MANIFEST).write_text('{"format": 1, "files": {', encoding="utf-8")
     assert checkpoint_problem(ckpt).startswith(f"{MANIFEST} is unreadable")
     shutil.rmtree(ckpt / "model")
-    (ckpt / MANIFEST).unlink()
+    make_legacy(ckpt)
     assert checkpoint_problem(ckpt) == "no *.safetensors weights"
     assert find_resumable(tmp_path) == (None, [(ckpt, "no *.safetensors weights")])
 
@@ -428,3 +489,34 @@ def test_retriever_outage_is_ridden_out_or_stops_cleanly(
         weights(stopped / "checkpoints" / "step_000004"),
         weights(rode / "checkpoints" / "step_000004"),
     )
+
+
+def test_a_full_disk_while_checkpointing_stops_with_one_line_and_resumes(
+    inputs, reference, run, capsys, caplog, monkeypatch
+) -> None:
+    """ENOSPC while a checkpoint is written: one line naming it, no partial directory left, the
+    earlier checkpoints byte for byte as they were; once space is back the same command resumes
+    and redoes the lost steps once each."""
+    import errno
+
+    from llds.train import checkpoint as checkpoint_mod
+
+    before = snapshot(run / "checkpoints")
+    metrics_before = (run / "metrics.jsonl").read_bytes()
+    real_write_json = checkpoint_mod.write_json
+
+    def full_disk(path, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(checkpoint_mod, "write_json", full_disk)
+    rc, out = cli(train_args(inputs, run, "steps=6"), capsys, caplog)
+    line = error_line(rc, out)
+    assert "checkpoint " in line and "step_000006 could not be written (No space left" in line
+    assert not list((run / "checkpoints").glob(".tmp_*"))
+    assert snapshot(run / "checkpoints") == before
+    assert (run / "metrics.jsonl").read_bytes().startswith(metrics_before)
+
+    monkeypatch.setattr(checkpoint_mod, "write_json", real_write_json)
+    rc, out = cli(train_args(inputs, run, "steps=6"), capsys, caplog)
+    assert rc == 0, out
+    assert steps_of(run) == [*STEPS, 5, 6]

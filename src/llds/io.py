@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-from llds.errors import UserInputError
+from llds.errors import DataFormatError, UserInputError
 
 
 @contextmanager
@@ -99,3 +99,31 @@ def write_jsonl(path: str | os.PathLike[str], rows: Iterable[Any]) -> int:
             f.write("\n")
             n += 1
     return n
+
+
+def text_lines(path: Path, handle: IO[bytes]) -> Iterator[tuple[int, str]]:
+    """`(line number, text)` of a UTF-8 file opened in binary; a line that is not UTF-8 is one
+    `DataFormatError` naming the file, line and byte, instead of a decoder traceback."""
+    from llds.errors import DataFormatError
+
+    for line_no, raw in enumerate(handle, start=1):
+        try:
+            yield line_no, raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise DataFormatError(
+                f"{path} line {line_no}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at column "
+                f"{exc.start + 1}); save the file as UTF-8"
+            ) from None
+
+
+def read_text_utf8(path: Path) -> str:
+    """A whole UTF-8 text file; not UTF-8 is one `DataFormatError` naming file and byte offset."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise DataFormatError(
+            f"{path} line {line}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset "
+            f"{exc.start}); save the file as UTF-8"
+        ) from None

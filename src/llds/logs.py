@@ -30,6 +30,20 @@ class LibraryFilter(logging.Filter):
         return record.levelno >= logging.INFO and is_own(record.name)
 
 
+class CurrentStdoutHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever `sys.stdout` is when a record comes, not to the one of the call that
+    installed it: a process that replaces standard output later (a capture, a redirect) keeps
+    its log lines, and none goes to a stream that was closed meanwhile."""
+
+    @property  # type: ignore[override]
+    def stream(self) -> TextIO:
+        return sys.stdout
+
+    @stream.setter
+    def stream(self, value: TextIO) -> None:  # StreamHandler.__init__ assigns one: ignored
+        pass
+
+
 def is_own(name: str) -> bool:
     """Whether logger `name` is one of `OWN_LOGGERS` or below one."""
     return any(name == own or name.startswith(own + ".") for own in OWN_LOGGERS)
@@ -53,7 +67,7 @@ def setup_logging(verbose: bool = False, *, stream: TextIO | None = None) -> log
 
         handler = RichHandler(show_path=False)
     else:  # a log file or a pipe: whole lines, no columns cut to 80 characters
-        handler = logging.StreamHandler(sys.stdout if stream is None else stream)
+        handler = CurrentStdoutHandler() if stream is None else logging.StreamHandler(stream)
     handler.setFormatter(logging.Formatter("%(message)s"))
     if verbose:
         handler.setLevel(logging.DEBUG)

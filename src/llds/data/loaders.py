@@ -16,6 +16,7 @@ from typing import Any
 
 from llds.data.example import QAExample
 from llds.errors import DataFormatError, UserInputError
+from llds.io import read_text_utf8, text_lines
 
 TRIVIA_PACKAGE = "Red-Trivia"
 _TRIVIA_DIR = "redbot/ext/trivia/lists/"
@@ -158,8 +159,8 @@ def _flashrag_row(obj: Any, where: str, stem: str, position: int, default_source
 
 
 def _jsonl_objects(file: Path) -> Iterator[tuple[int, Any]]:
-    with file.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    with file.open("rb") as f:
+        for lineno, line in text_lines(file, f):
             if not line.strip():
                 continue
             try:
@@ -192,7 +193,7 @@ def load_flashrag_json(path: str | Path, *, source: str | None = None) -> list[Q
     if not file.is_file():
         raise UserInputError(f"json file not found: {file}")
     try:
-        data = json.loads(file.read_text(encoding="utf-8"))
+        data = json.loads(read_text_utf8(file))
     except json.JSONDecodeError as exc:
         raise DataFormatError(f"{file}: invalid JSON ({exc.msg} at line {exc.lineno})") from exc
     if not isinstance(data, list):
@@ -252,7 +253,7 @@ def _trivia_examples(name: str, file: Path) -> list[QAExample]:
     import yaml
 
     try:
-        data = yaml.safe_load(file.read_text(encoding="utf-8"))
+        data = yaml.safe_load(read_text_utf8(file))
     except yaml.YAMLError as exc:
         raise DataFormatError(f"{file}: invalid YAML ({exc})") from exc
     if not isinstance(data, dict):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field
@@ -11,6 +12,7 @@ from pydantic import BeforeValidator, Field
 from llds.config.schema import section
 from llds.data.example import QAExample
 from llds.env.prompts import PromptTemplate, build_prompt_ids
+from llds.errors import ConfigError
 from llds.rollout import RolloutConfig, RolloutEngine, RolloutRequest
 from llds.runs.eval_result import EvalRecord, EvalResult, Scores
 
@@ -192,19 +194,22 @@ def run_evaluation(cfg: EvalConfig, protocol: Protocol | None = None) -> EvalRes
     from llds.data.loaders import load_many
     from llds.policy.config import ModelConfig
     from llds.policy.setup import load_model
-    from llds.retrieval.factory import open_retriever
+    from llds.retrieval.factory import open_answering_retriever
 
+    if cfg.out and Path(cfg.out).is_dir():
+        raise ConfigError(f"out: {cfg.out} is a directory; give the path of a results .json file")
     proto = protocol or cfg.protocol.resolve(cfg.model)[0]
+    retriever = open_answering_retriever(cfg.retriever)  # before the model: a dead URL fails fast
+    examples = load_many(cfg.data, limit=cfg.limit)
     model, tok = load_model(
         ModelConfig(path=cfg.model, dtype=cfg.dtype, device=cfg.device), device_key="device"
     )
-    examples = load_many(cfg.data, limit=cfg.limit)
     rollout = RolloutConfig(**proto.rollout_limits(), max_rows=cfg.batch_rows, temperature=0.0)
     template = proto.template()
     results = evaluate(
         model,
         tok,
-        open_retriever(cfg.retriever),
+        retriever,
         examples,
         rollout,
         template=template,

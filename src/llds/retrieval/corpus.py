@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import IO, NamedTuple
 
 from llds.errors import DataFormatError, UserInputError
-from llds.io import write_jsonl
+from llds.io import text_lines, write_jsonl
 
 SEARCH_R1 = "search-r1"
 PLAIN = "plain"
@@ -39,10 +39,10 @@ def make_contents(title: str, text: str) -> str:
     return f'"{clean_title}"\n{text}'
 
 
-def _open_text(path: Path) -> IO[str]:
+def _open_binary(path: Path) -> IO[bytes]:
     if path.suffix == ".gz":
-        return gzip.open(path, "rt", encoding="utf-8")
-    return open(path, encoding="utf-8")
+        return gzip.open(path, "rb")  # type: ignore[return-value]
+    return open(path, "rb")
 
 
 def _detect_format(row: dict, where: str) -> str:
@@ -102,8 +102,8 @@ def _numbered_passages(file: Path) -> Iterator[tuple[int, Passage]]:
     """(line number, passage) for every non-blank line of a corpus file, each row validated."""
     fmt: str | None = None
     index = 0
-    with _open_text(file) as handle:
-        for line_no, line in enumerate(handle, start=1):
+    with _open_binary(file) as handle:
+        for line_no, line in text_lines(file, handle):
             if not line.strip():
                 continue
             where = f"{file}:{line_no}"

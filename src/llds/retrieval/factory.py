@@ -85,3 +85,23 @@ def corpus_passages(
     from llds.retrieval.corpus import read_corpus
 
     return read_corpus(corpus)
+
+
+def open_answering_retriever(spec: str | os.PathLike[str], key: str = "retriever") -> Retriever:
+    """`open_retriever(spec)`, and for a URL one search to show that the service answers, before
+    a command loads its model: an unreachable service is one `ServiceUnavailableError` line
+    naming `key` and the URL instead of a traceback after the model has loaded. The search is a
+    plain `/retrieve` request, which every Search-R1 compatible server answers."""
+    from llds.errors import ServiceUnavailableError
+    from llds.retrieval.client import RetrievalServiceError
+
+    retriever = open_retriever(spec)
+    if is_url(spec):
+        try:
+            retriever.search(["connectivity check"], 1)
+        except RetrievalServiceError as exc:
+            raise ServiceUnavailableError(
+                f"{key}: the retrieval service at {spec} does not answer ({exc}); start it "
+                "(`llds serve-retriever ...`) or fix the URL"
+            ) from None
+    return retriever

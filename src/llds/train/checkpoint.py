@@ -6,7 +6,12 @@ A checkpoint is a directory written under a temporary name and renamed into plac
 Renaming protects against a crash while writing, not against a file damaged afterwards (a full
 disk, a copy cut short, a bit flip). So every checkpoint carries `manifest.json`, the size and
 SHA-256 of each of its files, written before the rename; `checkpoint_problem` checks a
-checkpoint against it, and `find_resumable` picks the newest checkpoint that passes.
+checkpoint against it, and `find_resumable` picks the newest checkpoint that passes. Its
+`trainer_state.json` records `checkpoint_format`, so a checkpoint whose manifest was lost is told
+apart from one written before manifests existed.
+
+A write that fails (a full disk, a permission) removes its temporary directory and stops the run
+with `CheckpointWriteError`, one line naming the path; the previous checkpoints are untouched.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ import json
 import random
 import re
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,15 +30,53 @@ import numpy as np
 import torch
 
 from llds.env.protocol import Protocol
+from llds.errors import UserInputError
 from llds.io import atomic_write, write_json
 from llds.policy.lora import is_lora, save_lora
 
 LATEST = "latest"
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = 1
+CHECKPOINT_FORMAT = 2
+"""Recorded in every checkpoint's trainer state. 1 (or no record): written before manifests
+existed; 2: a manifest is always written."""
+FORMAT_KEY = "checkpoint_format"
+STAGING_PREFIX = ".tmp_step_"
 TRAINER_STATE = "trainer_state.json"
 OPTIM = "optim.pt"
 _STEP_DIR = re.compile(r"step_(\d+)")
+
+
+class CheckpointWriteError(UserInputError):
+    """A checkpoint could not be written (disk full, permission); earlier ones are intact."""
+
+
+@contextmanager
+def failing_write_stops(tmp: Path) -> Iterator[None]:
+    """An `OSError` inside (a full disk, a permission) removes the partial directory `tmp` and
+    becomes one `CheckpointWriteError` line naming the checkpoint."""
+    try:
+        yield
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        why = exc.strerror or type(exc).__name__
+        raise CheckpointWriteError(
+            f"checkpoint {tmp.parent}/{tmp.name.removeprefix('.tmp_')} could not be written "
+            f"({why}: {exc.filename or tmp}); the earlier checkpoints are intact: free space or "
+            "fix the permission, then run the same command to resume"
+        ) from None
+
+
+def remove_staging_leftovers(ckpt_root: Path) -> list[str]:
+    """Delete the temporary directories of checkpoints whose writer died (only the process that
+    holds the run directory's lock may call this); returns their names."""
+    if not ckpt_root.is_dir():
+        return []
+    gone = []
+    for path in sorted(ckpt_root.glob(STAGING_PREFIX + "*")):
+        shutil.rmtree(path, ignore_errors=True)
+        gone.append(path.name)
+    return gone
 
 
 def rng_state() -> dict[str, Any]:
@@ -56,11 +101,12 @@ def set_rng_state(state: dict[str, Any]) -> None:
 def stage_checkpoint(ckpt_root: Path, step: int) -> Path:
     """A fresh, empty temporary directory for step `step`'s checkpoint (the same name on every
     rank, so that all ranks of a sharded run can write into it)."""
-    ckpt_root.mkdir(parents=True, exist_ok=True)
-    tmp = ckpt_root / f".tmp_step_{step:06d}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
+    tmp = ckpt_root / f"{STAGING_PREFIX}{step:06d}"
+    with failing_write_stops(tmp):
+        ckpt_root.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
     return tmp
 
 
@@ -82,20 +128,22 @@ def write_checkpoint_files(
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # one progress line per checkpoint is noise in the run log
-    if is_lora(model):  # the adapter, and the merged weights as a plain model
-        save_lora(model, tmp)
-    else:
-        model.save_pretrained(tmp / "model", safe_serialization=True, state_dict=state_dict)
-    tokenizer.save_pretrained(tmp / "model")
-    if protocol is not None:
-        protocol.write(tmp / "model")
-    blobs: dict[str, Any] = {"scheduler": scheduler.state_dict(), "rng": rng_state()}
-    if optimizer is not None:
-        blobs["optimizer"] = optimizer.state_dict()
-    if grad_scaler is not None:
-        blobs["grad_scaler"] = grad_scaler.state_dict()
-    torch.save(blobs, tmp / OPTIM)
-    (tmp / TRAINER_STATE).write_text(json.dumps(trainer_state, indent=2), encoding="utf-8")
+    with failing_write_stops(tmp):
+        if is_lora(model):  # the adapter, and the merged weights as a plain model
+            save_lora(model, tmp)
+        else:
+            model.save_pretrained(tmp / "model", safe_serialization=True, state_dict=state_dict)
+        tokenizer.save_pretrained(tmp / "model")
+        if protocol is not None:
+            protocol.write(tmp / "model")
+        blobs: dict[str, Any] = {"scheduler": scheduler.state_dict(), "rng": rng_state()}
+        if optimizer is not None:
+            blobs["optimizer"] = optimizer.state_dict()
+        if grad_scaler is not None:
+            blobs["grad_scaler"] = grad_scaler.state_dict()
+        torch.save(blobs, tmp / OPTIM)
+        state = {**trainer_state, FORMAT_KEY: CHECKPOINT_FORMAT}
+        (tmp / TRAINER_STATE).write_text(json.dumps(state, indent=2), encoding="utf-8")
 
 
 def publish_checkpoint(ckpt_root: Path, step: int, tmp: Path, keep: int = 2) -> Path:
@@ -103,12 +151,13 @@ def publish_checkpoint(ckpt_root: Path, step: int, tmp: Path, keep: int = 2) -> 
 
     Called once per checkpoint (rank 0) when every file is written, the shards of every rank
     of a sharded run included, so the manifest covers all of them."""
-    write_json(tmp / MANIFEST, build_manifest(tmp))
     final = ckpt_root / f"step_{step:06d}"
-    if final.exists():
-        shutil.rmtree(final)
-    tmp.rename(final)
-    point_latest(ckpt_root, final)
+    with failing_write_stops(tmp):
+        write_json(tmp / MANIFEST, build_manifest(tmp))
+        if final.exists():
+            shutil.rmtree(final)
+        tmp.rename(final)
+        point_latest(ckpt_root, final)
     _prune(ckpt_root, keep, protect=final.name)
     return final
 
@@ -220,9 +269,12 @@ def manifest_problem(directory: Path, manifest: dict[str, Any]) -> str | None:
 def checkpoint_problem(path: Path) -> str | None:
     """Why checkpoint directory `path` cannot be resumed from, or None when it can.
 
-    With a manifest every file is checked by size and SHA-256. A checkpoint written before
-    manifests existed is checked by what can be read cheaply: the trainer state parses, the
-    optimizer blob loads, and every safetensors file's header covers the file."""
+    With a manifest every file is checked by size and SHA-256. Without one, a checkpoint whose
+    trainer state records a format that always writes a manifest is refused (its manifest was
+    lost, so nothing vouches for its files); one written before manifests existed is accepted
+    only when its trainer state parses, its optimizer blob loads, and every tensor of its
+    safetensors files loads and is finite. That catches truncation and most damage, but not a
+    changed byte that still decodes to a finite number."""
     manifest_path = path / MANIFEST
     if manifest_path.is_file():
         try:
@@ -245,6 +297,12 @@ def _legacy_problem(path: Path) -> str | None:
         return f"{TRAINER_STATE} is unreadable ({exc})"
     if not isinstance(state, dict) or not isinstance(state.get("step"), int):
         return f"{TRAINER_STATE} has no step"
+    fmt = state.get(FORMAT_KEY, 1)
+    if not isinstance(fmt, int) or fmt >= CHECKPOINT_FORMAT:
+        return (
+            f"{MANIFEST} is missing, and this checkpoint's format ({fmt}) always writes one: "
+            "its files cannot be verified"
+        )
     if not (path / OPTIM).is_file():
         return f"{OPTIM} is missing"
     try:
@@ -262,14 +320,18 @@ def _legacy_problem(path: Path) -> str | None:
 
 
 def _safetensors_problem(file: Path) -> str | None:
-    """Whether a safetensors file's header parses and its tensors fit in the file."""
+    """Whether a safetensors file loads and every tensor in it is finite."""
     from safetensors import safe_open
 
     try:
-        with safe_open(str(file), "pt"):
-            return None
+        with safe_open(str(file), "pt") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                tensor = f.get_tensor(name)
+                if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                    return f"tensor {name} has non-finite values"
     except Exception as exc:  # the Rust binding raises its own error type
         return f"does not load ({exc})"
+    return None
 
 
 def find_resumable(ckpt_root: Path) -> tuple[Path | None, list[tuple[Path, str]]]:

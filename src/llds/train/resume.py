@@ -38,11 +38,20 @@ from llds.train.checkpoint import (
     checkpoint_dirs,
     point_latest,
     read_trainer_state,
+    remove_staging_leftovers,
 )
 from llds.train.config import TrainConfig
 from llds.train.distributed import Dist
 
-ALWAYS_ALLOWED = ("steps", "run_dir", "threads", "save_every", "keep_checkpoints", "logging")
+ALWAYS_ALLOWED = (
+    "steps",
+    "run_dir",
+    "threads",
+    "save_every",
+    "keep_checkpoints",
+    "logging",
+    "make_inputs",
+)
 """Keys a resume may change without permission: none of them changes what a step computes.
 `steps` extends (or shortens) the run; with a decaying schedule or `optim.warmup_ratio` the
 learning rate of the remaining steps follows the new total. `run_dir` changes when a run
@@ -332,7 +341,10 @@ def prepare_run_dir(
 
 
 def _clean_up_for_resume(run_dir: Path, ckpt: Path, damaged: Sequence[tuple[Path, str]]) -> None:
-    """Damaged checkpoints aside, `latest` naming `ckpt`, later records dropped."""
+    """Damaged checkpoints aside, `latest` naming `ckpt`, later records dropped, the temporary
+    directories of checkpoints whose writer died removed."""
+    for name in remove_staging_leftovers(ckpt.parent):
+        log.warning("removed %s, an unfinished checkpoint of an earlier process", name)
     moved = set_aside_damaged(damaged)
     for (path, problem), aside in zip(damaged, moved, strict=True):
         log.warning("checkpoint %s is damaged (%s): skipped, kept as %s", path, problem, aside.name)

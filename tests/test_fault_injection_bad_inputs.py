@@ -1,0 +1,133 @@
+"""Fault injection, part two: every bad input found in use ends in one line naming the key, file
+(and row) or path, exit code 2, before any model loads, and leaves the run directory's earlier
+files byte for byte as they were. Through the real command line, in process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from llds.cli import main
+from test_fault_injection_inputs import (
+    PREVIOUS_ROWS,
+    assert_untouched,
+    cli,
+    error_line,
+    inputs,  # noqa: F401 (a fixture)
+    previous_run,  # noqa: F401 (a fixture)
+    train,
+)
+
+LATIN1_QUESTION = '{"id": 1, "question": "Qui a \xe9crit Candide ?", "golden_answers": ["V"]}\n'
+
+
+@pytest.fixture()
+def no_model_load(monkeypatch):
+    """Fail the test if a model starts to load: these checks must come first."""
+    from llds.policy import setup
+    from llds.train import build
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded before the bad input was found")
+
+    monkeypatch.setattr(setup, "load_model", refuse)  # what `llds eval` imports when it runs
+    monkeypatch.setattr(build, "load_model", refuse)  # what the trainer's builders call
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("optim.grad_clip=-1", "optim.grad_clip: Input should be greater than 0"),
+        ("optim.grad_clip=0", "optim.grad_clip: Input should be greater than 0"),
+        ("algo.clip_low=5", "algo.clip_low: Input should be less than 1"),
+        ("eval_every=-5", "eval_every: Input should be greater than or equal to 0"),
+        ("optim.betas=[0.9]", "optim.betas[1]"),
+        ("optim.weight_decay=-1", "optim.weight_decay: Input should be greater than or equal"),
+        ("threads=-1", "threads: Input should be greater than or equal to 1"),
+        ("model.lora={rank: 4}", "model.lora.rank: unknown key"),
+        ("prompts_per_step=1000", "prompts_per_step: 1000 questions per step, but data.train"),
+    ],
+)
+def test_bad_training_settings(inputs, previous_run, capsys, no_model_load, override, named):  # noqa: F811
+    rc, out = cli(train(inputs, previous_run, override), capsys)
+    assert named in error_line(rc, out, "train")
+    assert_untouched(previous_run)
+
+
+def test_a_yaml_file_with_a_repeated_key(inputs, previous_run, tmp_path, capsys, no_model_load):  # noqa: F811
+    cfg = tmp_path / "twice.yaml"
+    cfg.write_text(f"base: {inputs / 'cfg.yaml'}\nsteps: 3\nseed: 1\nsteps: 4\n", encoding="utf-8")
+    rc, out = cli(["train", "--config", str(cfg), f"run_dir={previous_run}"], capsys)
+    assert f"{cfg}: line 4: key 'steps' appears twice" in error_line(rc, out, "train")
+    assert_untouched(previous_run)
+
+
+def test_a_run_dir_that_is_a_file(inputs, tmp_path, capsys, no_model_load):  # noqa: F811
+    path = tmp_path / "run"
+    path.write_text(PREVIOUS_ROWS, encoding="utf-8")
+    rc, out = cli(train(inputs, path), capsys)
+    assert f"run_dir: {path} is a file, not a directory" in error_line(rc, out, "train")
+    assert path.read_text(encoding="utf-8") == PREVIOUS_ROWS
+
+
+def test_a_training_file_that_is_not_utf8(inputs, previous_run, tmp_path, capsys, no_model_load):  # noqa: F811
+    data = tmp_path / "latin1.jsonl"
+    data.write_bytes(LATIN1_QUESTION.encode("latin-1"))
+    rc, out = cli(train(inputs, previous_run, f"data.train={data}"), capsys)
+    assert f"{data} line 1: not UTF-8 text (byte 0xe9" in error_line(rc, out, "train")
+    assert_untouched(previous_run)
+
+
+def _eval(inputs: Path, *extra: str) -> list[str]:  # noqa: F811
+    data = inputs / "world" / "test.jsonl"
+    return ["eval", "--model", str(inputs / "model"), "--data", str(data), *extra]
+
+
+def test_eval_of_a_file_that_is_not_utf8(inputs, tmp_path, capsys, no_model_load):  # noqa: F811
+    data = tmp_path / "latin1.jsonl"
+    data.write_bytes(LATIN1_QUESTION.encode("latin-1"))
+    corpus = inputs / "world" / "corpus.jsonl"
+    args = ["eval", "--model", str(inputs / "model"), "--data", str(data)]
+    rc, out = cli([*args, "--retriever", str(corpus)], capsys)
+    assert f"{data} line 1: not UTF-8 text (byte 0xe9" in error_line(rc, out, "eval")
+
+
+def test_eval_at_a_dead_retriever_url(inputs, capsys, no_model_load):  # noqa: F811
+    from test_retrieval_server import free_port
+
+    url = f"http://127.0.0.1:{free_port()}/retrieve"
+    rc, out = cli(_eval(inputs, "--retriever", url), capsys)
+    line = error_line(rc, out, "eval")
+    assert f"retriever: the retrieval service at {url} does not answer" in line
+
+
+def test_eval_out_that_is_a_directory(inputs, tmp_path, capsys, no_model_load):  # noqa: F811
+    out_dir = tmp_path / "results"
+    out_dir.mkdir()
+    (out_dir / "kept.json").write_text("{}", encoding="utf-8")
+    corpus = inputs / "world" / "corpus.jsonl"
+    rc, out = cli(_eval(inputs, "--retriever", str(corpus), "--out", str(out_dir)), capsys)
+    assert f"out: {out_dir} is a directory" in error_line(rc, out, "eval")
+    assert [p.name for p in out_dir.iterdir()] == ["kept.json"]
+
+
+def test_index_of_a_corpus_that_is_not_utf8(tmp_path, capsys):
+    corpus = tmp_path / "latin1.jsonl"
+    corpus.write_bytes('{"id": "1", "contents": "\xe9t\xe9"}\n'.encode("latin-1"))
+    rc, out = cli(["index", "--corpus", str(corpus), "--out", str(tmp_path / "i")], capsys)
+    assert "line 1: not UTF-8 text (byte 0xe9" in error_line(rc, out, "index")
+    assert not (tmp_path / "i").exists()
+
+
+def test_grad_clip_null_trains_without_clipping(inputs, tmp_path):  # noqa: F811
+    """`optim.grad_clip: null` turns clipping off: the run trains, and with a tiny clip the
+    same step's weights differ (clipping acted there and nowhere else)."""
+    from safetensors.torch import load_file
+
+    runs = {}
+    for name, clip in (("off", "null"), ("tiny", "1e-6")):
+        run = tmp_path / name
+        assert main(train(inputs, run, "steps=2", "save_every=2", f"optim.grad_clip={clip}")) == 0
+        runs[name] = load_file(run / "checkpoints" / "step_000002" / "model" / "model.safetensors")
+    assert any(not (runs["off"][k] == runs["tiny"][k]).all() for k in runs["off"])
