@@ -7,6 +7,7 @@ import json
 import re
 import shutil
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -33,7 +34,7 @@ from llds.report.plots import (
     smoothing_width,
 )
 from llds.report.synthetic import synthetic_rows
-from llds.report.text import curves_caption, reference_caption
+from llds.report.text import curves_caption, heldout_caption, reference_caption
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -101,8 +102,8 @@ def test_report_summary_numbers(written, runs):
     data = json.loads((written.parent / "report.json").read_text())
     grpo, llds = data["runs"]
     rows = synthetic_rows("collapse", seed=1, steps=160)
-    tail = [r["reward/mean"] for r in rows[-10:]]
-    assert grpo["final_reward"] == pytest.approx(sum(tail) / 10)
+    tail = sorted(r["reward/mean"] for r in rows[-10:])
+    assert grpo["final_reward"] == pytest.approx((tail[4] + tail[5]) / 2)  # 10-step median
     assert grpo["steps"] == 160 and llds["steps"] == 140
     assert grpo["collapsed"] and grpo["collapse_step"] == 120 and grpo["last_phase"] == "collapse"
     assert grpo["first_alarm_kind"] == "likelihood_decay" and grpo["first_alarm_step"] < 80
@@ -114,15 +115,37 @@ def test_report_summary_numbers(written, runs):
     assert "reward_collapse" in kinds and "collapse" in kinds
 
 
-def test_summarize_peak_is_max_of_five_step_medians():
-    rewards = [0.1, 0.9, 0.1, 0.1, 0.5, 0.5, 0.5, 0.2]
+def test_final_and_peak_reward_are_the_same_ten_step_median():
+    # 10 steps at 0.1, a lone 0.9, 9 steps at 0.5, then 12 at 0.3
+    rewards = [0.1] * 10 + [0.9] + [0.5] * 9 + [0.3] * 12
     rows = [{"step": i + 1, "reward/mean": r} for i, r in enumerate(rewards)]
     run = report_mod.RunData("r", Path("r"), rows, detect_phases(rows), [], None)
     s = summarize(run)
-    # 5-step trailing medians: .1 .5 .1 .1 .1 .5 .5 .5 -> peak 0.5 (the lone 0.9 is ignored)
-    assert s["peak_reward"] == pytest.approx(0.5)
-    assert s["final_reward"] == pytest.approx(sum(rewards) / len(rewards))
-    assert s["last_phase"] == "warmup" and not s["collapsed"]
+    assert s["peak_reward"] == pytest.approx(0.5)  # the lone 0.9 is ignored
+    assert s["final_reward"] == pytest.approx(0.3)  # the same median, at the last step
+    assert s["learned"] and not s["collapsed"]
+    # the peak statistic is the final one's maximum: a run ending at its peak has them equal
+    flat = [{"step": i + 1, "reward/mean": 0.1 + 0.02 * i} for i in range(30)]
+    s = summarize(report_mod.RunData("f", Path("f"), flat, detect_phases(flat), [], None))
+    assert s["final_reward"] == pytest.approx(s["peak_reward"])
+
+
+def test_a_run_that_learned_nothing_does_not_read_as_healthy(tmp_path):
+    flat = [{"step": i + 1, "reward/mean": 0.05 + 0.01 * (i % 3)} for i in range(40)]
+    s = summarize(report_mod.RunData("f", Path("f"), flat, detect_phases(flat), [], None))
+    assert not s["learned"] and not s["collapsed"]
+    # high but never rising: no rise over its first full window, so nothing was learned either
+    high = [{"step": i + 1, "reward/mean": 0.6} for i in range(40)]
+    s = summarize(report_mod.RunData("h", Path("h"), high, detect_phases(high), [], None))
+    assert not s["learned"]
+    write_jsonl(tmp_path / "flat" / "metrics.jsonl", flat)
+    write_jsonl(tmp_path / "rising" / "metrics.jsonl", synthetic_rows("healthy", steps=60))
+    page = write_report([tmp_path / "flat", tmp_path / "rising"], tmp_path / "out").read_text()
+    cells = re.findall(r"<td>(<span class=\"(?:good|warn|bad)\">[^<]*</span>)", page)
+    assert cells == [
+        '<span class="warn">no, but did not learn</span>',
+        '<span class="good">no</span>',
+    ]
 
 
 def test_missing_metrics_names_the_directory(tmp_path, capsys):
@@ -254,6 +277,22 @@ def test_heldout_curve_matches_eval_files(runs):
     assert list(line.get_ydata()) == pytest.approx([0.05, 0.1, 0.412])
     baseline = [ln for ln in fig.axes[0].get_lines() if ln.get_label().startswith("start")]
     assert len(baseline) == 1 and list(baseline[0].get_ydata()) == [0.05, 0.05]
+    assert line.get_linestyle() == "-" and line.get_marker() == "o"  # three points: a line
+
+
+def test_two_heldout_points_are_markers_not_a_line(runs, tmp_path):
+    _, llds = runs
+    run = report_mod.load_run(llds, "GRPO + LLDS")
+    assert run.held_out is not None
+    two = replace(run.held_out, points=run.held_out.points[-1:])  # the start and one evaluation
+    assert em_curve(two)[0] == [0, 140]
+    fig = draw_heldout([RunSeries("x", "#123456", run.rows, run.phases, [], two)])
+    (line,) = [ln for ln in fig.axes[0].get_lines() if ln.get_label() == "x"]
+    assert line.get_linestyle() == "None" and line.get_marker() == "o"
+    caption = heldout_caption([RunSeries("x", "#123456", run.rows, run.phases, [], two)])
+    assert "markers only, too few points for a line; step 140" in caption
+    three = heldout_caption([RunSeries("x", "#123456", run.rows, run.phases, [], run.held_out)])
+    assert "markers only" not in three
 
 
 def test_report_json_holds_heldout_and_start(written):

@@ -4,6 +4,7 @@ works end to end."""
 
 from __future__ import annotations
 
+import json
 import warnings
 
 import pytest
@@ -13,11 +14,16 @@ pytest.importorskip("trl")  # the `trl` extra (installed by `make test`)
 from conftest import make_tiny_model, tag_happy
 from llds.algo import llds_loss
 from llds.integrations.trl import (
+    GROUP_ACC_KEY,
+    GROUP_KEY,
     INACTIVE_WARNING,
+    REWARD_KEY,
     LLDSGRPOConfig,
     LLDSGRPOTrainer,
+    generation_metrics,
     gold_answers,
     llds_can_act,
+    premb_share_parts,
     search_r1_reward,
     search_r1_rows,
     search_rollout_func,
@@ -328,8 +334,41 @@ def test_two_step_run_with_search_rollout_func(
     assert logs[0]["llds/value"] == 0.0 and logs[0]["llds/gate_frac"] == 0.0
     assert logs[1]["llds/value"] > 1e-3
     assert logs[1]["lld/disp_incorrect"] is not None  # displacement is measured once pi moved
+    # the monitor's metrics through TRL's logs: LLD shares on what TRL's loss sees (step 2: pi
+    # after step 1 vs pi_old), pooled from their counts; turns from the rollout's fields
+    assert "lld/premb_share_pos_fell" not in logs[0]  # step 1: pi is pi_old, nothing measured
+    n_pos = logs[1]["lld/premb_n_pos"]
+    assert n_pos == logs[1]["lld/pos_responses"]  # the same positive rows as the native keys
+    assert logs[1]["lld/premb_n_pos_acc_lo"] + logs[1]["lld/premb_n_pos_acc_hi"] == n_pos
+    assert ("lld/premb_share_pos_fell" in logs[1]) == (n_pos > 0)  # no share over nothing
+    turns = list(out["num_turns"])
+    assert logs[0]["turns/per_rollout"] == pytest.approx(sum(turns) / 8)
+    void = sum(1 for v in out["num_void_turns"] if v > 0) / 8
+    assert logs[0]["turns/void_share"] == pytest.approx(void)
+    assert logs[0]["turns/valid_search_share"] == pytest.approx(
+        sum(out["num_valid_searches"]) / sum(turns)
+    )
+    assert not any(k.startswith("mismatch/") for h in logs for k in h)  # no sampler log-probs
     after = list(model.parameters())
     assert any(not torch.equal(a.detach(), b) for a, b in zip(after, before, strict=True))
+
+    # `llds report` reads this real TRL output directory (its trainer_state.json, as TRL writes
+    # it on every save) in the report's names, and draws a report from it
+    from llds.report.html import write_report
+    from llds.report.sources import find_source, read_source
+
+    trainer.state.save_to_json(str(tmp_path / "trainer_state.json"))
+    source = find_source(tmp_path)
+    assert source.kind == "trl"
+    rows = read_source(source)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert rows[1]["llds/gate_frac"] == logs[1]["llds/gate_frac"]
+    assert rows[0]["turns/void_share"] == logs[0]["turns/void_share"]
+    assert rows[0]["reward/mean"] == pytest.approx(logs[0]["reward"])
+    report = write_report([tmp_path], tmp_path / "report")
+    summary = json.loads((report.parent / "report.json").read_text())["runs"][0]
+    assert summary["source"] == "trl" and summary["steps"] == 2
+    assert "Training curves" in report.read_text(encoding="utf-8")
 
 
 def test_llds_fields_are_generated_from_the_one_definition():
@@ -374,3 +413,48 @@ def test_llds_settings_are_validated_and_named_like_trl_arguments(tmp_path):
         LLDSGRPOConfig(**cpu, llds_coef=-1.0)
     off = LLDSGRPOConfig(**cpu, llds_enabled=False)
     assert off.llds.active_coef == 0.0
+
+
+def test_generation_metrics_by_hand():
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    sampled = torch.log(torch.tensor([[0.5, 0.5, 0.1], [0.25, 0.5, 1.0]]))
+    trained = torch.log(torch.tensor([[0.5, 0.25, 0.9], [0.5, 0.5, 0.5]]))
+    out = {"completion_mask": mask, "sampling_per_token_logps": sampled}
+    extra = {"num_turns": [2, 3], "num_void_turns": [0, 1], "num_valid_searches": [1, 1]}
+    only_turns = generation_metrics(out, extra)  # no old log-probs: no mismatch keys
+    assert only_turns == {
+        "turns/per_rollout": 2.5,
+        "turns/void_share": 0.5,
+        "turns/valid_search_share": 2 / 5,
+    }
+    out["old_per_token_logps"] = trained
+    # token-truncated ratios at cap 1.5: raw rho = 1, 0.5, (masked), 2, 1, 0.5 -> 2 is clipped
+    rho = torch.exp(trained - sampled)
+    out["importance_sampling_ratio"] = rho.clamp(max=1.5)
+    got = generation_metrics(out, {})
+    # masked tokens' log rho: 0, -ln 2, ln 2, 0, -ln 2; k3 = rho - 1 - log rho
+    ln2 = float(torch.log(torch.tensor(2.0)))
+    assert got["mismatch/abs_logp_diff_max"] == pytest.approx(ln2)
+    assert got["mismatch/abs_logp_diff_mean"] == pytest.approx(3 * ln2 / 5)
+    assert got["mismatch/k3_kl"] == pytest.approx(((-0.5 + ln2) * 2 + (1 - ln2)) / 5)
+    assert got["mismatch/is_weight_mean"] == pytest.approx((1 + 0.5 + 1.5 + 1 + 0.5) / 5)
+    assert got["mismatch/is_clipped_frac"] == pytest.approx(1 / 5)
+
+
+def test_premb_share_parts_by_hand():
+    mask = torch.ones(4, 2, dtype=torch.long)
+    old = torch.zeros(4, 2)
+    current = torch.tensor([[-0.2, 0.1], [0.3, 0.0], [-0.5, 0.0], [0.1, 0.1]])
+    inputs = {
+        "completion_mask": mask,
+        "old_per_token_logps": old,
+        "advantages": torch.tensor([1.0, 1.0, 1.0, -1.0]),
+        REWARD_KEY: torch.tensor([1.0, 1.0, 1.0, 0.0]),
+        GROUP_KEY: torch.tensor([0, 0, 1, 1]),
+        # group accuracy over the whole generation batch, not just these rows
+        GROUP_ACC_KEY: torch.tensor([0.75, 0.75, 0.25, 0.25]),
+    }
+    got = premb_share_parts(current, inputs)
+    # positive rows 0 (sum -0.1, fell, group hi), 1 (+0.3, hi), 2 (-0.5, fell, group lo)
+    assert got["lld/n_pos"] == 3.0 and got["lld/share_pos_fell"] == pytest.approx(2 / 3)
+    assert got["lld/share_pos_fell_acc_hi"] == 0.5 and got["lld/share_pos_fell_acc_lo"] == 1.0

@@ -18,13 +18,18 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from llds import metrics as keys
 from llds.algo import LLDSConfig, llds_loss
 from llds.errors import ConfigError
 from llds.integrations.verl import (
     CONFIG_TARGET,
     LOSS_NAME,
     base_loss_mode,
+    check_rollout_correction,
+    check_verl_config,
+    is_weight_stats,
     llds_settings,
+    premb_lld_counts,
     reference_vanilla_loss,
     verl_llds_policy_loss,
 )
@@ -178,14 +183,22 @@ def test_module_imports_without_verl_or_trl():
 # ------------------------------------------------------------------ against the real veRL
 
 
-def _verl_actor_config(**overrides):
+def _verl_actor_config(extra=None, **overrides):
     """veRL's own actor config, built the way veRL builds it (Hydra compose of its
     ppo_trainer.yaml + omega_conf_to_dataclass), with the recipe's LLDS overrides."""
+    from verl.utils.config import omega_conf_to_dataclass
+
+    cfg = _verl_config(extra, **overrides)
+    return omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+
+
+def _verl_config(extra=None, **overrides):
+    """veRL's whole trainer config (Hydra compose of ppo_trainer.yaml) with the LLDS loss;
+    `extra`: more `key=value` overrides."""
     import os
 
     import verl
     from hydra import compose, initialize_config_dir
-    from verl.utils.config import omega_conf_to_dataclass
 
     pl = "actor_rollout_ref.actor.policy_loss"
     args = [
@@ -198,11 +211,11 @@ def _verl_actor_config(**overrides):
         f"actor_rollout_ref.actor.clip_ratio_low={CLIP_LOW}",
         f"actor_rollout_ref.actor.clip_ratio_high={CLIP_HIGH}",
         f"actor_rollout_ref.actor.clip_ratio_c={CLIP_C}",
+        *[f"{k}={v}" for k, v in (extra or {}).items()],
     ]
     config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
     with initialize_config_dir(config_dir=config_dir, version_base=None):
-        cfg = compose(config_name="ppo_trainer", overrides=args)
-    return omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+        return compose(config_name="ppo_trainer", overrides=args)
 
 
 def test_real_verl_config_registers_the_loss():
@@ -293,3 +306,173 @@ def test_real_verl_ppo_loss_adds_llds():
         torch.testing.assert_close(got, grad_expected[i, : resp_len[i]], rtol=1e-5, atol=1e-7)
         offset += n
     assert "actor/llds_loss" in metrics
+
+
+# ------------------------------------------------ what the registered loss measures (issue 37)
+
+
+def test_premb_counts_by_hand():
+    old = torch.zeros(3, 4)
+    new = torch.tensor([[-0.1, -0.1, 0.5, 0.5], [0.1, 0.0, 0.0, -0.3], [-1.0, 0.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 0, 1], [1, 1, 1, 1], [1, 1, 1, 1]]).bool()
+    adv = torch.tensor([1.0, 1.0, -1.0]).unsqueeze(1) * mask  # veRL's token-level advantages
+    counts = premb_lld_counts(old, new, mask, adv)
+    # row 0: sum +0.3 (rose); first action [0,1] -0.2 fell, later action [3] +0.5 rose.
+    # row 1: one action, sum -0.2 (fell). Row 2 has a negative advantage: not counted.
+    assert counts == {
+        "actor/lld_premb_n_pos": 2.0,
+        "actor/lld_premb_n_pos_fell": 1.0,
+        "actor/lld_premb_n_pos_fell_first_action": 2.0,
+        "actor/lld_premb_n_pos_later_actions": 1.0,
+        "actor/lld_premb_n_pos_fell_later_actions": 0.0,
+    }
+    # a micro-batch without positive responses still gives every key (veRL averages per key)
+    none = premb_lld_counts(old, new, mask, -adv.abs())
+    assert set(none) == set(counts) and all(v == 0.0 for v in none.values())
+
+
+def _table_logps(table, ids):
+    """log pi(token) for a policy that is one logit table per position: `[B, T]`."""
+    logp = torch.log_softmax(table, -1)  # [T, V]
+    return logp.gather(-1, ids.T).T
+
+
+def test_premb_metric_against_the_native_post_update_pass():
+    """One tiny step with two mini-batches, each through `verl_llds_policy_loss`, then the native
+    post-update pass (`lld_share_metrics` on pi_old vs the policy after every update)."""
+    from llds.monitor.likelihood import lld_share_metrics
+
+    torch.manual_seed(0)
+    t, v = 4, 5
+    table = torch.nn.Parameter(torch.zeros(t, v))
+    ids = torch.tensor([[1, 2, 3, 4], [0, 0, 0, 0], [1, 2, 3, 4], [3, 3, 3, 3]])
+    mask = torch.ones(4, t, dtype=torch.bool)
+    # mini-batch 1 (rows 0, 1) pushes row 0 down; mini-batch 2's positive row 2 is the same
+    # response, so the first update lowers it and its own update raises it again
+    row_adv = torch.tensor([-1.0, 1.0, 2.0, -1.0])
+    adv = row_adv.unsqueeze(1) * mask
+    config = _actor_config(llds_coef=0.0)
+    config.global_batch_info = {}
+    opt = torch.optim.SGD([table], lr=1.0)
+    old = _table_logps(table, ids).detach()
+    seen = []
+    for rows in (slice(0, 2), slice(2, 4)):
+        current = _table_logps(table, ids)[rows]
+        before = current.detach().clone()  # the policy before this mini-batch's step
+        loss, metrics = verl_llds_policy_loss(
+            old[rows], current, adv[rows], mask[rows], "token-mean", config, None
+        )
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        seen.append((rows, before, metrics))
+    after = _table_logps(table, ids).detach()
+
+    # relation 1: the loss's key is the native metric with "after" = the policy before this
+    # mini-batch's step, on its rows (equal when computed on the same tensors)
+    for rows, before, metrics in seen:
+        same = lld_share_metrics(
+            old[rows], before, mask[rows], row_adv[rows], ["0", "1"], torch.zeros(2)
+        )
+        fell = same.get(keys.SHARE_POS_FELL, 0.0) * same[keys.N_POS]
+        assert metrics["actor/lld_premb_n_pos"] == same[keys.N_POS]
+        assert metrics["actor/lld_premb_n_pos_fell"] == fell
+    first, second = seen[0][2], seen[1][2]
+    assert first["actor/lld_premb_n_pos_fell"] == 0.0  # pi == pi_old: nothing moved yet
+    assert second["actor/lld_premb_n_pos"] == 1.0
+    assert second["actor/lld_premb_n_pos_fell"] == 1.0  # row 2 fell under mini-batch 1's step
+    # relation 2: the native post-update pass also includes mini-batch 2's own step, which
+    # raised row 2 again: it did not fall there (different numbers on the same responses)
+    post = lld_share_metrics(old[2:], after[2:], mask[2:], row_adv[2:], ["0", "1"], torch.zeros(2))
+    assert post[keys.N_POS] == 1.0 and post[keys.SHARE_POS_FELL] == 0.0
+    assert float((after[2] - old[2]).sum()) > 0 > float((seen[1][1][0] - old[2]).sum())
+
+
+def test_is_weight_stats_by_hand():
+    w = torch.tensor([[0.5, 2.0, 1.0, 0.0], [1.5, 1.5, 1.5, 1.5]])
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]]).bool()
+    wired = is_weight_stats(w, mask, {"rollout_is_threshold": 2.0, "bypass_mode": False})
+    # masked tokens: 0.5, 2.0, 1.0, 0.0, 1.5, 1.5 -> mean 6.5 / 6; clipped: 2.0 (cap), 0.0 (masked)
+    assert wired["actor/mismatch_is_weight_mean"] == pytest.approx(6.5 / 6)
+    assert wired["actor/mismatch_is_clipped_frac"] == pytest.approx(2 / 6)
+    icepop = is_weight_stats(w, mask, {"rollout_is_threshold": "0.5_1.5"})
+    assert icepop["actor/mismatch_is_clipped_frac"] == pytest.approx(4 / 6)
+    unwired = is_weight_stats(w, mask, None)  # the threshold is unknown: only the mean
+    assert set(unwired) == {"actor/mismatch_is_weight_mean"}
+
+
+def test_bypass_mode_is_refused_in_one_line_naming_the_key():
+    with pytest.raises(ConfigError, match=r"algorithm\.rollout_correction\.bypass_mode") as err:
+        check_rollout_correction({"bypass_mode": True})
+    assert "\n" not in str(err.value)
+    check_rollout_correction({"bypass_mode": False})  # decoupled mode composes
+    check_rollout_correction(None)
+    full = {
+        "algorithm": {"rollout_correction": {"bypass_mode": True}},
+        "actor_rollout_ref": {"actor": {"policy_loss": {"loss_mode": LOSS_NAME}}},
+    }
+    with pytest.raises(ConfigError, match=r"algorithm\.rollout_correction\.bypass_mode"):
+        check_verl_config(full)
+    full["actor_rollout_ref"]["actor"]["policy_loss"]["loss_mode"] = "vanilla"
+    check_verl_config(full)  # not our loss: not our business
+
+
+def test_real_verl_decoupled_weights_reach_the_base_loss_like_vanilla():
+    pytest.importorskip("verl")
+    from verl.trainer.ppo.core_algos import get_policy_loss_fn
+
+    actor = _verl_actor_config(llds_coef=0.3)
+    actor.global_batch_info.update(BATCH_INFO)
+    old, new, adv, mask = _batch()
+    weights = torch.linspace(0.4, 1.8, mask.numel()).reshape(mask.shape)
+    vanilla = get_policy_loss_fn("vanilla")
+
+    def both(w):
+        theirs, _ = vanilla(
+            old_log_prob=old,
+            log_prob=new,
+            advantages=adv,
+            response_mask=mask,
+            loss_agg_mode="token-mean",
+            config=actor,
+            rollout_is_weights=w,
+        )
+        ours, metrics = verl_llds_policy_loss(
+            old_log_prob=old,
+            log_prob=new,
+            advantages=adv,
+            response_mask=mask,
+            loss_agg_mode="token-mean",
+            config=actor,
+            rollout_is_weights=w,
+        )
+        return theirs, ours, metrics
+
+    v1, o1, m1 = both(None)
+    vw, ow, mw = both(weights)
+    assert not torch.isclose(vw, v1)  # the weights matter to veRL's own loss
+    # the weights change our loss exactly as they change veRL's vanilla loss (LLDS unaffected)
+    torch.testing.assert_close(ow - o1, vw - v1, rtol=1e-5, atol=1e-7)
+    (g_ours,) = torch.autograd.grad(ow - o1, new)
+    (g_theirs,) = torch.autograd.grad(vw - v1, new)
+    torch.testing.assert_close(g_ours, g_theirs, rtol=1e-5, atol=1e-7)
+    assert "actor/mismatch_is_weight_mean" in mw and "actor/mismatch_is_weight_mean" not in m1
+    assert mw["actor/mismatch_is_weight_mean"] == pytest.approx(float(weights[mask].mean()))
+    assert mw["actor/lld_premb_n_pos"] == m1["actor/lld_premb_n_pos"] == 1.0
+
+
+def test_real_verl_bypass_mode_is_refused_when_the_config_is_built():
+    pytest.importorskip("verl")
+    pl = "actor_rollout_ref.actor.policy_loss"
+    wire = {f"+{pl}.rollout_correction": "${algorithm.rollout_correction}"}
+    # decoupled mode (veRL's default) builds, and the wired settings reach the loss config
+    actor = _verl_actor_config(extra=wire)
+    assert actor.policy_loss.rollout_correction["bypass_mode"] is False
+    # bypass mode: building the actor config (veRL's validate_config does it first, in the
+    # driver, before any worker starts) fails with our line
+    with pytest.raises(Exception, match=r"algorithm\.rollout_correction\.bypass_mode=true"):
+        _verl_actor_config(extra={**wire, "algorithm.rollout_correction.bypass_mode": "true"})
+    # the whole-config check sees it without the wiring
+    full = _verl_config(extra={"algorithm.rollout_correction.bypass_mode": "true"})
+    with pytest.raises(ConfigError, match=r"algorithm\.rollout_correction\.bypass_mode"):
+        check_verl_config(full)

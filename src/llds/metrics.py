@@ -47,11 +47,46 @@ REF_CORRECT_CHANGE = "lld/ref_correct_change"
 REF_CORRECT_FELL = "lld/ref_correct_fell"
 REF_WRONG_CHANGE = "lld/ref_wrong_change"
 REF_WRONG_FELL = "lld/ref_wrong_fell"
+# LLD as pooled shares of responses (and actions) whose summed log-likelihood fell in the update;
+# each share comes with the count it is over, so shares pool across steps and processes
+SHARE_POS_FELL = "lld/share_pos_fell"
+SHARE_POS_FELL_ACC_LO = "lld/share_pos_fell_acc_lo"
+SHARE_POS_FELL_ACC_HI = "lld/share_pos_fell_acc_hi"
+SHARE_POS_FELL_FIRST_ACTION = "lld/share_pos_fell_first_action"
+SHARE_POS_FELL_LATER_ACTIONS = "lld/share_pos_fell_later_actions"
+N_POS = "lld/n_pos"
+N_POS_ACC_LO = "lld/n_pos_acc_lo"
+N_POS_ACC_HI = "lld/n_pos_acc_hi"
+N_POS_LATER_ACTIONS = "lld/n_pos_later_actions"
+SHARE_COUNTS: dict[str, str] = {
+    SHARE_POS_FELL: N_POS,
+    SHARE_POS_FELL_ACC_LO: N_POS_ACC_LO,
+    SHARE_POS_FELL_ACC_HI: N_POS_ACC_HI,
+    SHARE_POS_FELL_FIRST_ACTION: N_POS,  # every positive response has a first action
+    SHARE_POS_FELL_LATER_ACTIONS: N_POS_LATER_ACTIONS,
+}
+"""each pooled share and the count of responses (or actions) it is a share of"""
+# mismatch between the sampling policy and the trained one (`llds.monitor.mismatch`)
+MISMATCH_K3_KL = "mismatch/k3_kl"
+MISMATCH_ABS_LOGP_DIFF_MAX = "mismatch/abs_logp_diff_max"
+MISMATCH_ABS_LOGP_DIFF_MEAN = "mismatch/abs_logp_diff_mean"
+MISMATCH_CHI2_TOKEN = "mismatch/chi2_token"
+MISMATCH_IS_ESS = "mismatch/is_ess"
+MISMATCH_IS_WEIGHT_MEAN = "mismatch/is_weight_mean"
+MISMATCH_IS_CLIPPED_FRAC = "mismatch/is_clipped_frac"
+# turns (`llds.monitor.turns`)
+TURNS_PER_ROLLOUT = "turns/per_rollout"
+TURNS_VOID_SHARE = "turns/void_share"
+TURNS_VALID_SEARCH_SHARE = "turns/valid_search_share"
+TURNS_FILTERED_SHARE = "turns/filtered_share"
 
 Reduction = Literal["mean", "max", "min", "same"]
 
 _BY_NAME: dict[str, Reduction] = {
     CONTEXT_CAPPED: "same",  # already a count over the global batch on every rank
+    # the trainer pools these over processes itself (counts summed, shares weighted by their
+    # counts: `llds.monitor.likelihood.pool_shares`), so every rank holds the global value
+    **{name: "same" for pair in SHARE_COUNTS.items() for name in pair},
 }
 
 

@@ -4,7 +4,7 @@ The names exported here are the project's stable public API.
 """
 
 from llds.algo.advantages import group_advantages, group_index
-from llds.algo.config import AlgoConfig, LLDSConfig
+from llds.algo.config import AlgoConfig, LLDSConfig, RolloutCorrectionConfig
 from llds.algo.kl import kl_penalty
 from llds.algo.llds import (
     GATES,
@@ -24,6 +24,7 @@ from llds.algo.objective import (
     registered_loss_terms,
 )
 from llds.algo.policy_loss import policy_loss
+from llds.algo.rollout_correction import importance_weights, no_correction
 from llds.algo.segments import action_segments, broadcast_segments, segment_sums
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "LLDS_AGGREGATIONS",
     "AlgoConfig",
     "LLDSConfig",
+    "RolloutCorrectionConfig",
     "TermInputs",
     "action_segments",
     "aggregate",
@@ -40,12 +42,14 @@ __all__ = [
     "group_advantages",
     "group_index",
     "grpo_objective",
+    "importance_weights",
     "kl_penalty",
     "llds_gate",
     "llds_loss",
     "llds_term",
     "masked_mean",
     "masked_sum",
+    "no_correction",
     "policy_loss",
     "preserving_mask",
     "register_loss_term",

@@ -20,6 +20,7 @@ from llds.algo.kl import KLKind
 from llds.algo.llds import Gate, LLDSAggregation
 from llds.algo.masking import Aggregation
 from llds.algo.policy_loss import RatioType
+from llds.algo.rollout_correction import CorrectionLevel, CorrectionMode
 from llds.config.schema import SECTION_KEY, section
 from llds.errors import ConfigError
 
@@ -60,6 +61,25 @@ class LLDSConfig:
         return self.coef if self.enabled else 0.0
 
 
+@section(key="algo.rollout_correction")
+class RolloutCorrectionConfig:
+    """Importance weights for rollouts sampled by another copy of the policy (`rollout.dtype`),
+    multiplied into each token's surrogate (the decoupled correction); with the sampler equal to
+    the trained policy nothing is applied and the weights are exactly 1."""
+
+    mode: CorrectionMode = "off"
+    """`tis`: truncated importance sampling, w = min(rho, cap) (Yao et al. 2025, "Your efficient
+    RL framework secretly brings you off-policy RL training"); `mis`: masked importance sampling,
+    w = rho up to the cap, else 0; `reject`: drop whole responses whose ratio lies outside
+    [1/cap, cap]; rho = pi_old / pi_sampler. `off`: no weights"""
+    level: CorrectionLevel = "token"
+    """`token`: one ratio per token; `sequence`: the response's ratio, the product of its model
+    tokens' ratios, shared by its tokens (for `reject` with `token`: a response is dropped when
+    any of its tokens' ratios is outside the bounds)"""
+    cap: float = Field(default=2.0, gt=1, allow_inf_nan=False)
+    """the cap C on the importance weight (and [1/C, C], the band `reject` keeps)"""
+
+
 @section(key="algo")
 class AlgoConfig:
     """GRPO's objective (Section 1) and where its inputs come from."""
@@ -98,6 +118,13 @@ class AlgoConfig:
     objective adds each named term (see docs/architecture.md, "Where new things go")"""
     format_reward: bool = False
     """Search-R1's format-aware reward instead of plain exact match"""
+    rollout_correction: RolloutCorrectionConfig = dataclasses.field(
+        default_factory=RolloutCorrectionConfig
+    )
+    """importance-sampling correction of the sampler/trainer mismatch (`rollout.dtype`)"""
+    filter_void_turns: bool = False
+    """leave out of the loss every rollout with a void turn, one that emitted neither a search
+    nor an answer (SimpleTIR, arXiv 2509.02479); its group's advantages are computed first"""
 
 
 # ------------------------------------------------------------------ adapters' view of LLDSConfig

@@ -51,6 +51,9 @@ class TermInputs:
     num_sequences: float | Tensor | None = None
     num_tokens: float | Tensor | None = None
     num_preserving: float | Tensor | None = None
+    is_weights: Tensor | None = None
+    """constant per-token weights of the policy term (importance weights for a sampler that is
+    not the trained policy, `llds.algo.rollout_correction`); None = unweighted"""
 
 
 Term = tuple[Tensor | None, dict[str, Tensor]]
@@ -109,6 +112,7 @@ def grpo_objective(
     num_sequences: float | Tensor | None = None,
     num_tokens: float | Tensor | None = None,
     num_preserving: float | Tensor | None = None,
+    is_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """`(loss, stats)` of one micro-batch; stats are detached and named like the trainer's
     metrics (`policy/*`, `llds/*`).
@@ -117,7 +121,7 @@ def grpo_objective(
     given and `entropy_coef > 0`, LLDS when `algo.llds` is enabled with `coef > 0`. With
     `llds_acts=False` LLDS is evaluated on detached log-probs for its statistics and adds nothing
     (value and gradient 0): the first optimizer step of a rollout batch, where d is only rounding
-    noise.
+    noise. `is_weights` weight the policy term's tokens (the decoupled importance correction).
     """
     x = TermInputs(
         log_probs,
@@ -132,6 +136,7 @@ def grpo_objective(
         num_sequences,
         num_tokens,
         num_preserving,
+        is_weights,
     )
     terms = {name: term(x, algo) for name, term in active_terms(algo)}
     loss = sum(value for value, _ in terms.values() if value is not None)
@@ -145,7 +150,8 @@ def grpo_objective(
 
 @register_loss_term("policy")
 def policy_term(x: TermInputs, algo: AlgoConfig) -> Term:
-    """PPO's clipped surrogate (`policy/pg_loss` and the clip and ratio statistics)."""
+    """PPO's clipped surrogate (`policy/pg_loss` and the clip and ratio statistics), each token
+    weighted by `is_weights` when given."""
     pg, st = policy_loss(
         x.log_probs,
         x.old_log_probs,
@@ -158,6 +164,7 @@ def policy_term(x: TermInputs, algo: AlgoConfig) -> Term:
         aggregation=algo.aggregation,
         num_sequences=x.num_sequences,
         num_tokens=x.num_tokens,
+        weights=x.is_weights,
     )
     stats = {"policy/pg_loss": pg.detach()}
     stats.update({f"policy/{k}": st[k] for k in (*POLICY_STATS, "ratio_max", "ratio_min")})

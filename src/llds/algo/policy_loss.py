@@ -36,6 +36,7 @@ def policy_loss(
     num_sequences: float | Tensor | None = None,
     num_tokens: float | Tensor | None = None,
     norm_length: float | None = None,
+    weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO clipped surrogate, `-min(r A, clip(r, 1 - clip_low, 1 + clip_high) A)` per token.
 
@@ -43,7 +44,10 @@ def policy_loss(
     `ratio_type="sequence"` the ratio is GSPO's length-normalized sequence ratio
     `exp(mean_t(log pi - log pi_old))`, shared by every token of the row, whose gradient is
     spread over the row's tokens. `dual_clip` (> 1) bounds the loss of negative-advantage tokens
-    by `-dual_clip * A`. Returns the aggregated loss and detached statistics (no host sync).
+    by `-dual_clip * A`. `weights` (`[B, T]`, e.g. importance weights for a sampler that is not
+    pi_old, `llds.algo.rollout_correction`) multiply each token's loss as constants before
+    aggregation; None leaves the loss untouched. Returns the aggregated loss and detached
+    statistics (no host sync).
     """
     if clip_high is None:
         clip_high = clip_low
@@ -66,6 +70,8 @@ def policy_loss(
             raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
         bounded = torch.minimum(per_token, -adv * dual_clip)
         per_token = torch.where(adv < 0, bounded, per_token)
+    if weights is not None:
+        per_token = per_token * weights.detach().to(per_token.dtype)
     loss = aggregate(
         per_token,
         mask,

@@ -35,7 +35,14 @@ from llds.algo import LLDSConfig, action_segments, answer_weight_schedule, llds_
 from llds.algo.config import engine_fields, from_engine
 from llds.env.rewards import FormatRewardConfig, compute_reward, score_answer
 from llds.errors import ConfigError, DataFormatError
-from llds.monitor.likelihood import displacement_metrics, likelihood_metrics
+from llds.monitor.likelihood import (
+    displacement_metrics,
+    likelihood_metrics,
+    lld_share_metrics,
+    pool_shares,
+)
+from llds.monitor.mismatch import correction_metrics, mismatch_metrics
+from llds.monitor.turns import turn_metrics, void_turn_count
 from llds.retrieval.base import Retriever
 from llds.rollout import RolloutConfig, RolloutEngine, RolloutRequest
 
@@ -56,6 +63,12 @@ SEARCHES_KEY = "llds_num_searches"
 ANSWER_MASK_KEY = "llds_answer_mask"
 ANSWER_WEIGHT_KEY = "llds_answer_weight"
 GENERATED_AT_KEY = "llds_generated_at_step"  # optimizer steps taken when pi_old was computed
+GROUP_KEY = "llds_group"  # the row's group (prompt) index in the generation batch
+GROUP_ACC_KEY = "llds_group_accuracy"  # share of the row's group with reward >= threshold
+PREMB = "lld/premb_"
+"""Prefix of the LLD shares TRL's loss can see: its current log-probs (the policy before this
+optimizer step) against `old_per_token_logps` (pi_old of the generation batch), pooled over the
+logging interval. Not the native post-update pass (docs/integrations.md)."""
 
 
 def llds_can_act(
@@ -189,6 +202,7 @@ class LLDSGRPOTrainer(GRPOTrainer):
         self._llds_capture: list[Tensor] | None = None
         self._llds_extra: dict[str, Any] = {}
         self._llds_rewards: Tensor | None = None
+        self._llds_premb: dict[str, list[dict[str, float]]] = {"train": [], "eval": []}
         a = self.args
         if a.llds.active_coef > 0 and not llds_can_act(
             a.gradient_accumulation_steps, a.steps_per_generation, self.num_iterations
@@ -222,11 +236,19 @@ class LLDSGRPOTrainer(GRPOTrainer):
         out[GENERATED_AT_KEY] = torch.full(
             (b,), self.state.global_step, dtype=torch.long, device=device
         )
+        mode = "train" if self.model.training else "eval"
+        start = self.accelerator.process_index * b
+        group = self.num_generations if mode == "train" else self.num_generations_eval
+        out[GROUP_KEY] = (torch.arange(start, start + b, device=device) // group).long()
         if self._llds_rewards is not None:
             per_func = self._llds_rewards.to(device)
             total = (per_func * self.reward_weights.to(device).unsqueeze(0)).nansum(dim=1)
-            start = self.accelerator.process_index * b
             out[REWARD_KEY] = total[start : start + b]
+            correct = (total >= self.args.llds_correct_threshold).float()
+            accuracy = correct.reshape(-1, group).mean(-1).repeat_interleave(group)
+            out[GROUP_ACC_KEY] = accuracy[start : start + b]
+        for name, value in generation_metrics(out, self._llds_extra).items():
+            self._metrics[mode][name].append(value)  # per process, as the lld/* metrics
         extra = self._llds_extra
         if isinstance(extra.get("num_valid_searches"), list):
             out[SEARCHES_KEY] = torch.tensor(
@@ -310,6 +332,61 @@ class LLDSGRPOTrainer(GRPOTrainer):
             per_token_logps.detach(), inputs, self.args.llds_correct_threshold
         ).items():
             metrics[name].append(value)  # per process; key sets can differ between ranks
+        if acts and inputs.get(GROUP_KEY) is not None:
+            self._llds_premb[mode].append(premb_share_parts(per_token_logps.detach(), inputs))
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """TRL's log, with the `lld/premb_*` shares pooled over the logging interval (counts
+        summed, not a mean of per-micro-batch shares)."""
+        mode = "train" if self.model.training else "eval"
+        parts, self._llds_premb[mode] = self._llds_premb[mode], []
+        for key, value in pool_shares(parts).items() if parts else ():
+            self._metrics[mode][PREMB + key.removeprefix("lld/")] = [value]
+        super().log(logs, start_time)
+
+
+def premb_share_parts(per_token_logps: Tensor, inputs: Mapping[str, Any]) -> dict[str, float]:
+    """The monitor's LLD shares on one TRL micro-batch: `old_per_token_logps` (pi_old) against
+    the current log-probs, i.e. the updates of the generation batch's earlier optimizer steps
+    (not this step's own), with group accuracy from the whole generation batch."""
+    mask = loss_mask_from_inputs(inputs)
+    groups = [str(int(g)) for g in inputs[GROUP_KEY].reshape(-1).tolist()]
+    accuracy = dict(zip(groups, inputs[GROUP_ACC_KEY].reshape(-1).tolist(), strict=True))
+    return lld_share_metrics(
+        inputs["old_per_token_logps"],
+        per_token_logps,
+        mask,
+        inputs["advantages"].reshape(mask.shape[0], -1)[:, 0],
+        groups,
+        inputs[REWARD_KEY],
+        group_accuracy=accuracy,
+    )
+
+
+def generation_metrics(out: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, float]:
+    """The monitor's metrics of one generation batch (this process's rows): turns from the
+    rollout function's fields, and sampler-vs-trained mismatch when TRL has sampling log-probs
+    (vLLM) besides its recomputed `old_per_token_logps`, with its importance-sampling
+    correction when that is on. Keys whose inputs TRL did not give are absent."""
+    found: dict[str, float] = {}
+    turns = extra.get("num_turns")
+    if isinstance(turns, list):
+        zeros = [0] * len(turns)
+        void = extra.get("num_void_turns") or zeros
+        found.update(
+            turn_metrics(turns, list(void), list(extra.get("num_valid_searches") or zeros))
+        )
+    sampled, trained = out.get("sampling_per_token_logps"), out.get("old_per_token_logps")
+    if sampled is not None and trained is not None:
+        mask = loss_mask_from_inputs(out) & ~torch.isnan(sampled)
+        found.update(mismatch_metrics(sampled.nan_to_num(), trained, mask))
+        ratio = out.get("importance_sampling_ratio")
+        if ratio is not None:  # TRL's truncated or masked ratio, [B, T] or per sequence [B, 1]
+            diff = ((trained - sampled) * mask).nan_to_num()
+            raw = diff.sum(-1, keepdim=True) if ratio.shape[-1] == 1 else diff
+            clipped = ~torch.isclose(ratio, raw.exp(), rtol=1e-5, atol=0.0)
+            found.update(correction_metrics(ratio.expand_as(mask), clipped.expand_as(mask), mask))
+    return found
 
 
 def lld_metrics_from_inputs(
@@ -390,7 +467,8 @@ def search_rollout_func(
     observation; TRL multiplies it into its loss mask) and, forwarded to reward functions:
     `response_text`, `final_answer` (the content of the last turn's answer action, None when the
     rollout did not end with an answer), `answer_mask`, `num_valid_searches`, `num_turns`,
-    `num_invalid`.
+    `num_invalid` and `num_void_turns` (turns that are neither a search nor an answer, the last
+    one included; `LLDSGRPOTrainer` logs them as `turns/*`).
 
     Generation uses the training model through the project's engine (KV cache kept across turns),
     not vLLM. `config` defaults to `RolloutConfig` with TRL's temperature / top_p / top_k.
@@ -450,6 +528,7 @@ def search_rollout_func(
             "num_valid_searches": [e.num_valid_searches for e in eps],
             "num_turns": [e.num_turns for e in eps],
             "num_invalid": [e.num_invalid for e in eps],
+            "num_void_turns": [void_turn_count(e.action_texts) for e in eps],
         }
 
     return rollout
@@ -571,10 +650,12 @@ __all__ = [
     "INACTIVE_WARNING",
     "LLDSGRPOConfig",
     "LLDSGRPOTrainer",
+    "generation_metrics",
     "gold_answers",
     "lld_metrics_from_inputs",
     "llds_can_act",
     "loss_mask_from_inputs",
+    "premb_share_parts",
     "prompt_token_ids",
     "search_r1_reward",
     "search_r1_rows",

@@ -22,6 +22,15 @@ definition, with its default and help; `llds_aggregation` defaults to `token-mea
 worker) validates the keys and registers the loss, so no plugin or extra import is needed.
 Elsewhere, call `register()` once.
 
+Besides veRL's own metrics, the loss returns the monitor's (docs/integrations.md): the counts of
+the LLD share measured before this mini-batch's own update against pi_old
+(`actor/lld_premb_n_pos`, `actor/lld_premb_n_pos_fell`, ...; their ratio is the share, pooled
+correctly by veRL's averaging) and, with veRL's decoupled rollout correction, the importance
+weights' `actor/mismatch_is_weight_mean` / `actor/mismatch_is_clipped_frac`. veRL's bypass mode
+replaces this loss, so it is refused when the recipe wires
+`actor_rollout_ref.actor.policy_loss.rollout_correction: ${algorithm.rollout_correction}` (or
+the recipe calls `check_verl_config(config)`).
+
 This module imports veRL only inside `register()` / `LLDSPolicyLossConfig`; the pure function
 `verl_llds_policy_loss` runs without veRL (then with the project's own PPO clip loss, which has
 the same semantics as veRL's vanilla loss).
@@ -37,9 +46,12 @@ from typing import Any
 
 from torch import Tensor
 
+from llds import metrics as keys
 from llds.algo import LLDSConfig, llds_term, policy_loss
 from llds.algo.config import engine_fields, from_engine
 from llds.errors import ConfigError
+from llds.monitor.likelihood import lld_share_metrics
+from llds.monitor.mismatch import correction_metrics
 
 LOSS_NAME = "llds"
 CONFIG_TARGET = "llds.integrations.verl.LLDSPolicyLossConfig"
@@ -54,6 +66,24 @@ does not expose the global number of non-negative-advantage sequences), which re
 penalty by |Y_pre| / |Y|."""
 BASE_LOSS_KEY = "llds_base_loss_mode"
 DEFAULT_BASE_LOSS = "vanilla"
+
+BYPASS_KEY = "algorithm.rollout_correction.bypass_mode"
+BYPASS_REFUSAL = (
+    f"{BYPASS_KEY}=true is refused with loss_mode=llds: veRL's bypass mode replaces "
+    "policy_loss.loss_mode with its own 'bypass_mode' loss, which would silently drop LLDS; "
+    f"set {BYPASS_KEY}=false (decoupled mode: its importance weights reach the LLDS loss)"
+)
+
+PREMB = "actor/lld_premb_"
+"""Prefix of the LLD counts the registered loss measures: `log_prob` (the policy before this
+mini-batch's optimizer step, after the earlier ones) against `old_log_prob` (pi_old), on this
+micro-batch's responses. Not the native post-update pass; see docs/integrations.md."""
+PREMB_FELL = {  # the monitor's share -> the count of fallen responses behind it
+    keys.SHARE_POS_FELL: "n_pos_fell",
+    keys.SHARE_POS_FELL_FIRST_ACTION: "n_pos_fell_first_action",
+    keys.SHARE_POS_FELL_LATER_ACTIONS: "n_pos_fell_later_actions",
+}
+PREMB_COUNTS = {keys.N_POS: "n_pos", keys.N_POS_LATER_ACTIONS: "n_pos_later_actions"}
 
 
 def _get(obj: Any, key: str, default: Any = None) -> Any:
@@ -78,6 +108,74 @@ def base_loss_mode(config: Any) -> str:
             f"policy_loss.{BASE_LOSS_KEY} cannot be {LOSS_NAME!r} itself (use 'vanilla')"
         )
     return mode
+
+
+def check_rollout_correction(rollout_correction: Any) -> None:
+    """Refuse veRL's bypass mode (`rollout_correction.bypass_mode`), which would replace the LLDS
+    loss; decoupled mode (the default) composes and passes."""
+    if bool(_get(rollout_correction, "bypass_mode", False)):
+        raise ConfigError(BYPASS_REFUSAL)
+
+
+def check_verl_config(config: Any) -> None:
+    """Check a whole veRL trainer config (the driver's Hydra config): when the actor's loss is
+    LLDS, `algorithm.rollout_correction.bypass_mode` must be off. For entry points of your own;
+    `LLDSPolicyLossConfig` runs the same check when its `rollout_correction` is wired."""
+    actor = _get(_get(config, "actor_rollout_ref"), "actor")
+    if str(_get(_get(actor, "policy_loss"), "loss_mode", "")) != LOSS_NAME:
+        return
+    check_rollout_correction(_get(_get(config, "algorithm"), "rollout_correction"))
+
+
+def premb_lld_counts(
+    old_log_prob: Tensor, log_prob: Tensor, response_mask: Tensor, advantages: Tensor
+) -> dict[str, float]:
+    """The monitor's LLD counts on what a registered loss sees, as `actor/lld_premb_*`.
+
+    Every key is present on every call (veRL averages each key over micro-batches and ranks and
+    needs the same keys everywhere), and they are counts, so that the pooled share of a step is
+    a ratio of two logged means: `n_pos_fell / n_pos` (a per-micro-batch share would be
+    undefined where a micro-batch has no positive response). Group accuracy is not visible to
+    the loss, so the `acc_lo` / `acc_hi` split is absent."""
+    adv = advantages.reshape(advantages.shape[0], -1)
+    adv = adv.masked_fill(~response_mask.bool(), 0).sum(-1) / response_mask.sum(-1).clamp(min=1)
+    rows = adv.shape[0]
+    shares = lld_share_metrics(
+        old_log_prob.detach(),
+        log_prob.detach(),
+        response_mask,
+        adv,
+        [str(i) for i in range(rows)],  # groups are not visible; the accuracy split is dropped
+        adv.new_zeros(rows),
+    )
+    out = {PREMB + name: float(shares[key]) for key, name in PREMB_COUNTS.items()}
+    for share, name in PREMB_FELL.items():
+        n = out[PREMB + PREMB_COUNTS[keys.SHARE_COUNTS[share]]]
+        out[PREMB + name] = float(round(shares.get(share, 0.0) * n))
+    return out
+
+
+def is_weight_stats(
+    weights: Tensor, response_mask: Tensor, rollout_correction: Any = None
+) -> dict[str, float]:
+    """The monitor's correction metrics on veRL's `rollout_is_weights`, as `actor/mismatch_*`.
+
+    The loss sees the weights after veRL's truncation or masking; a token counts as clipped when
+    its weight is 0 (masked) or at the upper threshold, which is known only when the actor's
+    `policy_loss.rollout_correction` is wired to `algorithm.rollout_correction` (otherwise only
+    the mean weight is given)."""
+    threshold = _get(rollout_correction, "rollout_is_threshold")
+    # unwired, it is veRL's default dataclass instance; wired, the algorithm's mapping
+    wired = threshold is not None and not dataclasses.is_dataclass(rollout_correction)
+    clipped = weights <= 0
+    if wired:
+        upper = float(str(threshold).split("_")[-1])
+        clipped = clipped | (weights >= upper * (1 - 1e-6))
+    stats = correction_metrics(weights.detach(), clipped, response_mask)
+    out = {"actor/" + k.replace("/", "_"): v for k, v in stats.items()}
+    if not wired:
+        out.pop("actor/" + keys.MISMATCH_IS_CLIPPED_FRAC.replace("/", "_"), None)
+    return out
 
 
 def _batch_info(config: Any) -> dict[str, Any]:
@@ -197,6 +295,10 @@ def verl_llds_policy_loss(
     out = dict(metrics)
     for key, value in stats.items():  # llds/gate_frac -> actor/llds_gate_frac
         out["actor/llds_" + key.removeprefix("llds/")] = float(value)
+    out.update(premb_lld_counts(old_log_prob, log_prob, response_mask, advantages))
+    if rollout_is_weights is not None:
+        rollout_correction = _get(_get(config, "policy_loss"), "rollout_correction")
+        out.update(is_weight_stats(rollout_is_weights, response_mask, rollout_correction))
     return pg_loss + penalty, out
 
 
@@ -236,6 +338,8 @@ def _policy_loss_config_class() -> type:
         holder = {"policy_loss": self}
         llds_settings(holder)  # validate the keys early, with their names
         base_loss_mode(holder)
+        # veRL's own field; it holds algorithm.rollout_correction when the recipe wires it
+        check_rollout_correction(getattr(self, "rollout_correction", None))
         register()
 
     base_field = dataclasses.field(
@@ -275,11 +379,16 @@ def _register_if_verl_loaded() -> None:
 _register_if_verl_loaded()
 
 __all__ = [
+    "BYPASS_REFUSAL",
     "CONFIG_TARGET",
     "LOSS_NAME",
     "VERL_DEFAULTS",
     "base_loss_mode",
+    "check_rollout_correction",
+    "check_verl_config",
+    "is_weight_stats",
     "llds_settings",
+    "premb_lld_counts",
     "reference_vanilla_loss",
     "register",
     "verl_llds_policy_loss",

@@ -8,14 +8,14 @@ Missing groups (e.g. no correct response this step) give NaN, logged as null.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch import Tensor
 
 from llds import metrics as keys
 from llds.algo.masking import masked_fill_zero
-from llds.algo.segments import segment_sums
+from llds.algo.segments import action_segments, segment_sums
 
 NAN = float("nan")
 
@@ -121,6 +121,84 @@ def advantage_displacement(
         keys.DISP_NEG: _mean(per_row[neg]),
         "lld/pos_responses": float(pos.sum()),
     }
+
+
+def lld_share_metrics(
+    logp_before: Tensor,
+    logp_after: Tensor,
+    mask: Tensor,
+    advantages: Tensor,
+    group_ids: Sequence[str],
+    rewards: Tensor,
+    *,
+    correct_threshold: float = 0.5,
+    group_accuracy: Mapping[str, float] | None = None,
+) -> dict[str, float]:
+    """LLD as a share of responses: of the responses GRPO pushed up (advantage > 0), how many
+    lost likelihood in the update (`sum_t log pi_after - log pi_before < 0` over their model
+    tokens, strictly: unlike `lld/frac_pos_fell`, an unchanged response did not fall).
+
+    Also split by the accuracy of the response's group (at most half / more than half of its
+    responses have `reward >= correct_threshold`; `group_accuracy` gives each group's share when
+    it is known from more rows than those passed, e.g. a sampled subset), and per action (a
+    maximal run of mask tokens): each positive response's first action, and every later action
+    of a positive response, each counted once. The counts come alongside (`lld/n_pos*`,
+    `llds.metrics.SHARE_COUNTS`) so that shares pool over steps and processes
+    (`pool_shares`); a share over nothing is left out."""
+    m = mask.bool()
+    delta = masked_fill_zero(logp_after.double() - logp_before.double(), m)
+    per_row = delta.sum(-1)
+    adv = advantages.reshape(-1).to(per_row.device)
+    pos = m.any(-1) & (adv > 0)
+    fell = per_row < 0
+    if group_accuracy is None:
+        group_accuracy = group_correct_share(group_ids, rewards, correct_threshold)
+    hi = torch.tensor([group_accuracy[g] > 0.5 for g in group_ids], device=pos.device)
+    action_index, num_actions = action_segments(m)
+    width = max(int(num_actions.max()) if num_actions.numel() else 0, 1)
+    per_action = segment_sums(delta, action_index, width)
+    exists = segment_sums(m.double(), action_index, width) > 0
+    later = exists[:, 1:] & pos.unsqueeze(1)
+    counts = {
+        keys.N_POS: pos.sum(),
+        keys.N_POS_ACC_LO: (pos & ~hi).sum(),
+        keys.N_POS_ACC_HI: (pos & hi).sum(),
+        keys.N_POS_LATER_ACTIONS: later.sum(),
+    }
+    fallen = {
+        keys.SHARE_POS_FELL: (fell & pos).sum(),
+        keys.SHARE_POS_FELL_ACC_LO: (fell & pos & ~hi).sum(),
+        keys.SHARE_POS_FELL_ACC_HI: (fell & pos & hi).sum(),
+        keys.SHARE_POS_FELL_FIRST_ACTION: ((per_action[:, 0] < 0) & pos).sum(),
+        keys.SHARE_POS_FELL_LATER_ACTIONS: ((per_action[:, 1:] < 0) & later).sum(),
+    }
+    out = {k: float(v) for k, v in counts.items()}
+    for share, n in fallen.items():
+        if out[keys.SHARE_COUNTS[share]] > 0:
+            out[share] = float(n) / out[keys.SHARE_COUNTS[share]]
+    return out
+
+
+def group_correct_share(
+    group_ids: Sequence[str], rewards: Tensor, correct_threshold: float = 0.5
+) -> dict[str, float]:
+    """Each group's share of responses with `reward >= correct_threshold`."""
+    correct: dict[str, list[bool]] = {}
+    for g, r in zip(group_ids, rewards.reshape(-1).tolist(), strict=True):
+        correct.setdefault(g, []).append(r >= correct_threshold)
+    return {g: sum(c) / len(c) for g, c in correct.items()}
+
+
+def pool_shares(parts: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """Pool `lld_share_metrics` results (of several steps, processes or mini-batches): counts
+    summed, each share weighted by its count; a share over nothing is left out."""
+    counts = {n: sum(float(p.get(n, 0.0)) for p in parts) for n in set(keys.SHARE_COUNTS.values())}
+    out = dict(sorted(counts.items()))
+    for share, n in keys.SHARE_COUNTS.items():
+        fallen = sum(float(p[share]) * float(p[n]) for p in parts if share in p)
+        if counts[n] > 0:
+            out[share] = fallen / counts[n]
+    return out
 
 
 def group_hidden_similarity(

@@ -1,6 +1,7 @@
-"""The metrics of one step's rollout batch: reward, search behaviour, group mix, degenerate
-text and the likelihood of correct and incorrect responses at rollout time (`lld/logp_*`,
-NLL by number of searches, the observation-match share of the paper's Fig. 5)."""
+"""The metrics of one step's rollout batch: reward, search behaviour, turns (`turns/*`), group
+mix, degenerate text, the likelihood of correct and incorrect responses at rollout time
+(`lld/logp_*`, NLL by number of searches, the observation-match share of the paper's Fig. 5) and,
+when another policy sampled the batch, its mismatch with the trained one (`mismatch/*`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from llds import metrics as keys
 from llds.algo import masked_mean
 from llds.monitor.degenerate import punctuation_run_frac
 from llds.monitor.likelihood import likelihood_metrics, shared_first_search_share
+from llds.monitor.mismatch import mismatch_metrics
+from llds.monitor.turns import turn_metrics, void_turn_count
 from llds.rollout import RolloutBatch
 
 
@@ -22,9 +25,15 @@ def rollout_metrics(
     old_logp: torch.Tensor,
     entropy: torch.Tensor | None,
     sum_over_processes: Callable[[float], float | torch.Tensor] = float,
+    *,
+    sampler_logp: torch.Tensor | None = None,
 ) -> dict[str, float]:
     """Means over this process's rollouts (the trainer averages them over processes);
-    `sum_over_processes` turns the one count that is logged as a global sum into it."""
+    `sum_over_processes` turns the one count that is logged as a global sum into it.
+
+    `sampler_logp` (`[B, R]`): the sampled tokens' log-probs under the policy that sampled them,
+    given only when that is not the policy `old_logp` comes from (a sampling copy, another
+    engine); then the `mismatch/*` metrics compare the two. Same policy: no `mismatch/*` keys."""
     eps = batch.episodes
     n = max(1, len(eps))
     correct = torch.tensor([e.em > 0 for e in eps])
@@ -55,6 +64,15 @@ def rollout_metrics(
         else float("nan"),
         "advantage/abs_mean": float(adv.abs().mean()),
     }
+    m.update(
+        turn_metrics(
+            [e.num_turns for e in eps],
+            [void_turn_count(e.action_texts) for e in eps],
+            [e.num_valid_searches for e in eps],
+        )
+    )
+    if sampler_logp is not None:
+        m.update(mismatch_metrics(sampler_logp, old_logp, batch.loss_mask))
     searches = torch.tensor([e.num_valid_searches for e in eps])
     m.update(likelihood_metrics(old_logp, batch.loss_mask, batch.action_index, correct, searches))
     m["lld/shared_first_search_wrong_frac"] = shared_first_search_share(

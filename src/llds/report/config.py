@@ -29,8 +29,9 @@ class ReportConfig:
     alarms)."""
 
     runs: list[str] = dataclasses.field(default_factory=list)
-    """run directories to compare; on the command line, every positional that is not a
-    KEY=VALUE override"""
+    """runs to compare: native run directories, TRL output directories (trainer_state.json),
+    veRL metrics logs (file-logger .jsonl, or a directory of TensorBoard event files); on the
+    command line, every positional that is not a KEY=VALUE override"""
     out: str | None = None
     """output directory; null: RUN_DIR/report for one run, ./llds_report otherwise"""
     labels: Annotated[list[Label] | None, BeforeValidator(_comma_list)] = None
@@ -44,4 +45,7 @@ class ReportConfig:
         """Where the report goes."""
         if self.out is not None:
             return Path(self.out)
-        return Path(self.runs[0]) / "report" if len(self.runs) == 1 else Path("llds_report")
+        if len(self.runs) != 1:
+            return Path("llds_report")
+        run = Path(self.runs[0])  # a veRL metrics log is a file: its report goes beside it
+        return (run.parent if run.is_file() else run) / "report"

@@ -24,7 +24,9 @@ from llds.errors import DataFormatError, UserInputError
 from llds.io import atomic_write, write_json
 from llds.monitor.alarms import Alarm, AlarmConfig, AlarmMonitor
 from llds.monitor.phases import PHASES, PhaseLabel, phase_spans
-from llds.monitor.robust import as_float, median
+from llds.monitor.robust import as_float
+from llds.report.attribution import run_events
+from llds.report.collapse import MIN_PEAK, SMOOTH, median_window
 from llds.report.plots import (
     PHASE_COLORS,
     PHASE_NAMES,
@@ -47,7 +49,9 @@ from llds.report.run_info import (
     load_config,
     settings_rows,
 )
+from llds.report.sources import SourceKind, find_source, read_source
 from llds.report.text import (
+    attribution_paragraph,
     curves_caption,
     detail_caption,
     differences_line,
@@ -56,7 +60,6 @@ from llds.report.text import (
     reference_caption,
 )
 from llds.runs.eval_result import EvalResult, latest_eval_file
-from llds.runs.tracking import METRICS_FILE, read_metrics
 
 EVAL_FILE = "eval.json"
 REPORT_FILE = "report.html"
@@ -76,6 +79,8 @@ class RunData:
     """the training config the run saved (None: none found)"""
     held_out: HeldOut | None = None
     """held-out EM by step and the starting EM"""
+    source: SourceKind = "native"
+    """the format its metrics were read from"""
 
 
 def load_eval(run_dir: Path) -> EvalResult | None:
@@ -86,26 +91,26 @@ def load_eval(run_dir: Path) -> EvalResult | None:
 
 
 def load_run(run_dir: str | Path, label: str, config: AlarmConfig | None = None) -> RunData:
-    """Read a run directory and run the phase detector and alarms over its metrics."""
+    """Read a run's metrics (a native run directory, a TRL output directory, a veRL metrics
+    log: `sources.find_source`) and run the phase detector and alarms over them."""
     path = Path(run_dir)
-    if not path.is_dir():
-        raise UserInputError(f"run directory {path} does not exist")
-    if not (path / METRICS_FILE).is_file():
-        raise UserInputError(f"run directory {path} has no {METRICS_FILE}: is it a training run?")
-    rows = read_metrics(path)
+    source = find_source(path)
+    rows = read_source(source)
     if not rows:
-        raise UserInputError(f"{path / METRICS_FILE} has no complete rows yet")
+        raise UserInputError(f"{source.path} has no complete rows yet")
     for i, row in enumerate(rows, 1):
         if not isinstance(row, dict):
-            raise DataFormatError(f"{path / METRICS_FILE}: row {i} is not a JSON object")
+            raise DataFormatError(f"{source.path}: row {i} is not a JSON object")
     monitor = AlarmMonitor(config)
     phases = []
     for row in rows:
         monitor.update(row)
         assert monitor.label is not None
         phases.append(monitor.label)
-    config = load_config(path)
     last = phases[-1].step if phases else 0
+    if source.kind != "native":  # evaluations and saved configs are the native run's files
+        return RunData(label, path, rows, phases, monitor.alarms, None, source=source.kind)
+    config = load_config(path)
     return RunData(
         label,
         path,
@@ -126,11 +131,32 @@ def default_labels(run_dirs: Sequence[Path]) -> list[str]:
     return [f"{p.resolve().parent.name}/{p.resolve().name}" for p in run_dirs]
 
 
+MIN_RISE = 0.05
+"""A run learned if its smoothed reward peaked at least this far above where it started (and
+at `collapse.MIN_PEAK` or more, the least peak a collapse can fall from)."""
+
+
+def reward_levels(run: RunData) -> list[float]:
+    """The reward's `collapse.SMOOTH`-step trailing median at every logged step: the one
+    statistic the summary's final and peak reward and the collapse definition read."""
+    rewards = [v for v in (as_float(r.get(keys.REWARD_MEAN)) for r in run.rows) if v is not None]
+    levels = [median_window(rewards, i, SMOOTH) for i in range(len(rewards))]
+    return [v for v in levels if v is not None]
+
+
+def learned(levels: Sequence[float]) -> bool:
+    """Whether the smoothed reward ever rose: a peak of at least `MIN_PEAK` and `MIN_RISE`
+    above its level after the first `SMOOTH` steps (the first full window)."""
+    if not levels:
+        return False
+    start = levels[min(SMOOTH, len(levels)) - 1]
+    peak = max(levels)
+    return peak >= MIN_PEAK and peak >= start + MIN_RISE
+
+
 def summarize(run: RunData) -> dict[str, Any]:
     """The per-run summary row (JSON-friendly)."""
-    rewards = [v for v in (as_float(r.get(keys.REWARD_MEAN)) for r in run.rows) if v is not None]
-    tail = rewards[-10:]
-    levels = [median(rewards[max(0, i - 4) : i + 1]) for i in range(len(rewards))]
+    levels = reward_levels(run)
     serious = [a for a in run.alarms if a.severity != "info"]
     collapse = next((p.step for p in run.phases if p.phase == "collapse"), None)
     overall = run.eval.overall if run.eval is not None else None
@@ -139,9 +165,11 @@ def summarize(run: RunData) -> dict[str, Any]:
     return {
         "label": run.label,
         "run_dir": str(run.path),
+        "source": run.source,
         "steps": run.phases[-1].step if run.phases else 0,
-        "final_reward": sum(tail) / len(tail) if tail else None,
+        "final_reward": levels[-1] if levels else None,
         "peak_reward": max(levels) if levels else None,
+        "learned": learned(levels),
         "eval_em": overall.em if overall is not None and overall.n else None,
         "eval_n": overall.n if overall is not None else None,
         "start_em": start.em if start is not None else None,
@@ -174,8 +202,9 @@ def _num(x: Any, digits: int = 3) -> str:
 
 def _summary_table(summaries: Sequence[dict[str, Any]], colors: Sequence[str]) -> str:
     head = (
-        "<tr><th>run</th><th>steps</th><th>final reward<br><small>mean of last 10</small></th>"
-        "<th>peak reward<br><small>5-step median</small></th>"
+        "<tr><th>run</th><th>steps</th>"
+        f"<th>final reward<br><small>{SMOOTH}-step median at the last step</small></th>"
+        f"<th>peak reward<br><small>highest {SMOOTH}-step median</small></th>"
         "<th>held-out EM<br><small>start &rarr; latest</small></th>"
         "<th>first alarm</th><th>phase at last step</th><th>collapsed</th></tr>"
     )
@@ -187,11 +216,16 @@ def _summary_table(summaries: Sequence[dict[str, Any]], colors: Sequence[str]) -
             else "none"
         )
         phase = s["last_phase"] or "unknown"
-        collapsed = (
-            f'<span class="bad">yes, from step {s["collapse_step"]}</span>'
-            if s["collapsed"]
-            else '<span class="good">no</span>'
-        )
+        if s["collapsed"]:
+            collapsed = f'<span class="bad">yes, from step {s["collapse_step"]}</span>'
+        elif not s["learned"]:
+            collapsed = (
+                '<span class="warn">no, but did not learn</span> '
+                "<small>(the smoothed reward never rose)</small>"
+            )
+        else:
+            collapsed = '<span class="good">no</span>'
+
         em = _num(s["eval_em"]) + (f" <small>(n={s['eval_n']})</small>" if s["eval_n"] else "")
         if s["start_em"] is not None:
             em = f"{_num(s['start_em'])} &rarr; {em}"
@@ -274,7 +308,8 @@ th,td{border:1px solid #ddd;padding:5px 9px;text-align:left;vertical-align:top}
 th{background:#f5f5f5}img{max-width:100%;display:block;margin:8px 0}
 .swatch{display:inline-block;width:12px;height:12px;border-radius:2px;margin-right:6px}
 .phase{padding:1px 6px;border-radius:3px}.bad{color:#c51b1b;font-weight:bold}
-.good{color:#2a7a2a;font-weight:bold}.muted{color:#666;font-size:13px}
+.good{color:#2a7a2a;font-weight:bold}.warn{color:#b35900;font-weight:bold}
+p.attribution{max-width:980px;font-size:14px;line-height:1.45}.muted{color:#666;font-size:13px}
 table.alarms td:last-child{max-width:900px}
 dl{font-size:14px;margin:4px 0}dt{font-weight:bold;margin-top:6px}dd{margin-left:18px}
 .explain{max-width:980px;font-size:14px;line-height:1.45;background:#fafafa;
@@ -339,7 +374,8 @@ def write_report(
     per_run = "".join(
         f"<h3 style='color:{c}'>{html.escape(r.label)} "
         f"<small class='muted'>{html.escape(str(r.path))}</small></h3>"
-        f"{imgs[d]}{detail_caption(s)}{_phase_spans_text(r)}{_alarm_table(r)}"
+        f"{imgs[d]}{detail_caption(s)}{attribution_paragraph(run_events(r.rows, r.alarms))}"
+        f"{_phase_spans_text(r)}{_alarm_table(r)}"
         for r, s, c, d in zip(runs, series, colors, details, strict=True)
     )
     reference = (
@@ -354,7 +390,8 @@ def write_report(
         f"<style>{_CSS}</style></head><body>"
         "<h1>llds run report</h1>"
         f"<p class='muted'>{len(runs)} run(s), generated {stamp}. Phases and alarms are "
-        "recomputed from metrics.jsonl with the same detector the trainer runs online.</p>"
+        "recomputed from each run's metrics log (<code>metrics.jsonl</code>, a TRL trainer "
+        "state or a veRL log) with the same detector the trainer runs online.</p>"
         f"{how_to_read(cfg)}"
         f"<h2>Summary</h2>{_summary_table(summaries, colors)}"
         f"<h2>Settings</h2>{differences_line(names, [r.config for r in runs])}"

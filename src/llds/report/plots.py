@@ -545,6 +545,16 @@ def set_curves(held_out: HeldOut) -> dict[str, tuple[list[int], list[float]]]:
     return curves
 
 
+MIN_LINE_POINTS = 3
+"""Held-out points (the starting EM included) needed before they are joined by a line: two
+evaluations joined would read as a measured trend between them; they are drawn as markers."""
+
+
+def is_measured_line(steps: Sequence[float]) -> bool:
+    """Whether a held-out curve has enough points to be drawn as a line."""
+    return len(steps) >= MIN_LINE_POINTS
+
+
 SET_STYLES = (":", "-.", (0, (1, 3)))
 """Line styles of the per-source held-out curves, in source order (the overall line is solid,
 starting EMs are dashed)."""
@@ -593,7 +603,17 @@ def draw_heldout(runs: Sequence[RunSeries]) -> Figure:
         if not xs:
             ax.plot([], [], linestyle="none", label=f"{run.label}: not evaluated")
             continue
-        ax.plot(xs, ys, color=run.color, linewidth=2, marker="o", zorder=3, label=run.label)
+        line = "-" if is_measured_line(xs) else "none"
+        ax.plot(
+            xs,
+            ys,
+            color=run.color,
+            linewidth=2,
+            linestyle=line,
+            marker="o",
+            zorder=3,
+            label=run.label,
+        )
         assert run.held_out is not None
         sizes = {name: n for p in run.held_out.points for name, _, n in p.by_set}
         by_set = set_curves(run.held_out)
@@ -601,6 +621,7 @@ def draw_heldout(runs: Sequence[RunSeries]) -> Figure:
         for i, (name, (sx, sy)) in enumerate(by_set.items()):
             style = SET_STYLES[i % len(SET_STYLES)]
             label = f"{run.label}: {name} ({sizes.get(name, '?')} q.)"
+            style = style if is_measured_line(sx) else "none"
             ax.plot(sx, sy, color=run.color, linewidth=1, linestyle=style, marker=".", label=label)
         ax.annotate(
             f"{ys[-1]:.3f}",

@@ -14,14 +14,17 @@ from typing import Any
 
 from llds import metrics as keys
 from llds.monitor.alarms import AlarmConfig
+from llds.report.attribution import COLLAPSE, WINDOW, Event, Finding
 from llds.report.plots import (
     DISPLACEMENT,
     POS_FELL,
     Panel,
     RunSeries,
+    em_curve,
     fallback_runs,
     has_alarm_lines,
     has_phase_strips,
+    is_measured_line,
     series,
     shared_baseline,
     shows_training_em,
@@ -243,6 +246,8 @@ def heldout_caption(runs: Sequence[RunSeries]) -> str:
             continue
         steps = [str(p.step) for p in sorted(held.points, key=lambda p: p.step)]
         word = "step" if len(steps) == 1 else "steps"
+        if not is_measured_line(em_curve(held)[0]):
+            word = f"markers only, too few points for a line; {word}"
         text = (
             f"{name}: evaluated after {word} {', '.join(steps)}"
             if steps
@@ -309,3 +314,67 @@ def differences_line(labels: Sequence[str], configs: Sequence[Mapping[str, Any] 
         for k in differ
     ]
     return f"<p><b>The runs differ in</b> {'; '.join(items)}.{note}</p>"
+
+
+MAX_ALARM_EVENTS = 6
+"""Alarm steps attributed in a run's paragraph; later ones are counted, not spelled out."""
+
+
+def _findings_text(findings: Sequence[Finding], with_reason: bool) -> str:
+    if not findings:
+        return "none"
+    if not with_reason:
+        return ", ".join(f.mechanism for f in findings)
+    return "; ".join(
+        f"{f.mechanism} ({html.escape(f.reason)})" if f.reason else f.mechanism for f in findings
+    )
+
+
+def _event_sentence(event: Event, kinds: Sequence[str] = ()) -> str:
+    """One event's sentence; `kinds`: the alarms raised at its step (they share its window)."""
+    if event.kind == COLLAPSE:
+        what = "the collapse"
+    else:
+        names = ", ".join(_code(k) for k in kinds or [event.kind])
+        what = f"the alarm{'s' if len(kinds) > 1 else ''} {names}"
+    lo = max(1, event.step - WINDOW + 1)
+    text = (
+        f"Signatures present before {what} at step {event.step} (steps {lo}&ndash;{event.step}): "
+        f"{_findings_text(event.with_status('present'), True)}; absent: "
+        f"{_findings_text(event.with_status('absent'), True)}"
+    )
+    missing = event.with_status("not logged")
+    if missing:
+        text += f"; not logged: {_findings_text(missing, False)}"
+    return text + "."
+
+
+def attribution_paragraph(events: Sequence[Event]) -> str:
+    """One plain paragraph per run: for its collapse (the pre-registered definition) and its
+    first alarms (those raised at one step share a sentence, since they share a window), which
+    mechanisms' signatures the window before it shows. Signatures, never causes."""
+    if not events:
+        return (
+            "<p class='attribution'>No collapse (by the pre-registered definition) and no warning "
+            "or critical alarm: nothing to attribute.</p>"
+        )
+    collapses = [e for e in events if e.kind == COLLAPSE]
+    by_step: dict[int, list[Event]] = {}
+    for e in events:
+        if e.kind != COLLAPSE:
+            by_step.setdefault(e.step, []).append(e)
+    sentences = [_event_sentence(e) for e in collapses]
+    if not collapses:
+        sentences.append("No collapse by the pre-registered definition.")
+    steps = sorted(by_step)
+    for step in steps[:MAX_ALARM_EVENTS]:
+        group = by_step[step]
+        sentences.append(_event_sentence(group[0], [e.kind for e in group]))
+    if len(steps) > MAX_ALARM_EVENTS:
+        rest = len(steps) - MAX_ALARM_EVENTS
+        sentences.append(f"Alarms at {rest} later steps are not spelled out.")
+    sentences.append(
+        "A signature is a pattern in the logged signals before the event, not its established "
+        "cause (rules: docs/diagnostics.md, &ldquo;Attributing a collapse&rdquo;)."
+    )
+    return f"<p class='attribution'>{' '.join(sentences)}</p>"

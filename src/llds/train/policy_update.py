@@ -20,6 +20,9 @@ import torch
 
 from llds import metrics as keys
 from llds.algo.objective import grpo_objective
+from llds.algo.rollout_correction import importance_weights, no_correction
+from llds.monitor.mismatch import correction_metrics
+from llds.monitor.turns import void_turn_count
 from llds.policy.forward import plan_micro_batches, response_log_probs
 from llds.policy.precision import Precision, update_ratio
 from llds.rollout import RolloutBatch
@@ -30,6 +33,8 @@ from llds.train.global_batch import Counts, global_answer_weight, global_counts,
 from llds.train.update_stats import UpdateStats
 
 log = logging.getLogger("llds.train")
+FILTERED_SHARE = keys.TURNS_FILTERED_SHARE
+"""share of the batch's rollouts left out of the loss for a void turn (`algo.filter_void_turns`)"""
 
 
 class NonFiniteError(RuntimeError):
@@ -46,7 +51,9 @@ def objective_for(algo: AlgoConfig, llds_coef: float) -> AlgoConfig:
 @dataclass(frozen=True)
 class UpdateInputs:
     """What every micro-batch of a step reads: the rollout batch, its advantages, pi_old's and
-    the reference's log-probs, the loss's settings and LLDS-MA's answer weight."""
+    the reference's log-probs, the loss's settings, LLDS-MA's answer weight, the loss mask (the
+    batch's, less the rollouts `algo.filter_void_turns` leaves out) and the importance weights
+    of `algo.rollout_correction` (None: unweighted)."""
 
     batch: RolloutBatch
     adv: torch.Tensor
@@ -54,6 +61,54 @@ class UpdateInputs:
     ref_logp: torch.Tensor | None
     objective: AlgoConfig
     answer_weight: float
+    loss_mask: torch.Tensor
+    is_weights: torch.Tensor | None = None
+
+
+def void_turn_keep(batch: RolloutBatch) -> torch.Tensor:
+    """`[B]` bool: the rollouts without a void turn (a turn that parses as neither a search nor
+    an answer, counted as `turns/void_share` counts it). SimpleTIR (arXiv 2509.02479) leaves the
+    others out of the loss; their rewards still count in their groups' advantages."""
+    return torch.tensor([void_turn_count(ep.action_texts) == 0 for ep in batch.episodes])
+
+
+def step_loss_mask(batch: RolloutBatch, filter_void: bool) -> tuple[torch.Tensor, float | None]:
+    """The loss mask of the step and the share of rollouts filtered out (None: no filter)."""
+    if not filter_void:
+        return batch.loss_mask, None
+    keep = void_turn_keep(batch)
+    share = float((~keep).float().mean()) if len(keep) else 0.0
+    return batch.loss_mask * keep.to(batch.loss_mask.dtype).unsqueeze(-1), share
+
+
+def step_is_weights(
+    cfg: TrainConfig, batch: RolloutBatch, old_logp: torch.Tensor, loss_mask: torch.Tensor
+) -> tuple[torch.Tensor | None, dict[str, float]]:
+    """`algo.rollout_correction`'s per-token weights of the step (None: off) and their metrics.
+
+    Only a sampler that is not the trained policy (`rollout.dtype`: a copy samples) gets weights
+    from its log-probs; otherwise the weights are exactly 1 by construction and none is applied."""
+    rc = cfg.algo.rollout_correction
+    if rc.mode == "off":
+        return None, {}
+    mask = loss_mask.to(old_logp.device)
+    if cfg.rollout.dtype is None:
+        weights, clipped = no_correction(mask)
+        return None, correction_metrics(weights, clipped, mask)
+    if batch.rollout_logprobs is None:
+        raise RuntimeError(
+            "algo.rollout_correction needs the sampler's log-probs, and this rollout batch has "
+            "none (an action was appended without them)"
+        )
+    weights, clipped = importance_weights(
+        old_logp,
+        batch.rollout_logprobs.to(old_logp.device),
+        mask,
+        mode=rc.mode,
+        level=rc.level,
+        cap=rc.cap,
+    )
+    return weights, correction_metrics(weights, clipped, mask)
 
 
 class PolicyUpdate:
@@ -99,7 +154,11 @@ class PolicyUpdate:
         cfg, optim = self.cfg, self.cfg.optim
         objective = objective_for(cfg.algo, llds_coef)
         beta = self._answer_weight(batch, llds_coef)
-        inputs = UpdateInputs(batch, adv, old_logp, ref_logp, objective, beta)
+        loss_mask, filtered = step_loss_mask(batch, cfg.algo.filter_void_turns)
+        is_weights, correction = step_is_weights(cfg, batch, old_logp, loss_mask)
+        inputs = UpdateInputs(
+            batch, adv, old_logp, ref_logp, objective, beta, loss_mask, is_weights
+        )
         params = [p for p in self.model.parameters() if p.requires_grad]
         start = self._snapshot(params)
         n_global = cfg.prompts_per_step * cfg.rollout.group_size
@@ -109,14 +168,14 @@ class PolicyUpdate:
             for rows in mini_batches(gen, global_rows, n_global, optim.mini_batches):
                 first = stats.start_mini_batch()
                 llds_acts = self._llds_acts(llds_coef, first)
-                counts = global_counts(self.dist, batch.loss_mask[rows], adv[rows])
+                counts = global_counts(self.dist, loss_mask[rows], adv[rows])
                 self.optimizer.zero_grad(set_to_none=True)
                 plan = plan_micro_batches(batch, rows, optim.micro_batch_tokens)
                 self._match_busiest_rank(batch, plan)
                 for micro in plan:
                     loss, st = self._loss(inputs, micro, counts, llds_acts)
                     stats.add(
-                        st, _token_share(batch, micro, rows), first=first, llds_acts=llds_acts
+                        st, _token_share(loss_mask, micro, rows), first=first, llds_acts=llds_acts
                     )
                     (loss if self.scaler is None else self.scaler.scale(loss)).backward()
                 stats.add_update(self._clipped_step(params, k))
@@ -126,6 +185,9 @@ class PolicyUpdate:
             out[keys.UPDATE_RATIO] = self._update_ratio(start, params)
         if llds_coef > 0:
             out["llds/answer_weight"] = inputs.answer_weight
+        out.update(correction)
+        if filtered is not None:
+            out[FILTERED_SHARE] = filtered
         self.optimizer.zero_grad(set_to_none=True)
         return out
 
@@ -144,12 +206,12 @@ class PolicyUpdate:
                 with_entropy=cfg.algo.entropy_coef > 0,
                 share_prompts=not self.sharded,
             )
-        ref = inputs.ref_logp
+        ref, weights = inputs.ref_logp, inputs.is_weights
         return grpo_objective(
             lp,
             inputs.old_logp[micro, :w].to(lp.device),
             inputs.adv[micro].to(lp.device),
-            sub.loss_mask.to(lp.device),
+            inputs.loss_mask[micro, :w].to(lp.device),
             inputs.objective,
             ref_log_probs=None if ref is None else ref[micro, :w].to(lp.device),
             entropy=ent,
@@ -159,6 +221,7 @@ class PolicyUpdate:
             num_sequences=counts.sequences,
             num_tokens=counts.tokens,
             num_preserving=counts.preserving,
+            is_weights=None if weights is None else weights[micro, :w].to(lp.device),
         )
 
     def _llds_acts(self, llds_coef: float, first: bool) -> bool:
@@ -249,10 +312,10 @@ class PolicyUpdate:
         (lp.sum() * 0.0).backward()
 
 
-def _token_share(batch: RolloutBatch, micro: list[int], rows: list[int]) -> float:
+def _token_share(loss_mask: torch.Tensor, micro: list[int], rows: list[int]) -> float:
     """A micro-batch's share of this process's tokens of its mini-batch: the weight of its
     per-token fractions in the mini-batch's."""
-    return float(batch.loss_mask[micro].sum()) / max(1.0, float(batch.loss_mask[rows].sum()))
+    return float(loss_mask[micro].sum()) / max(1.0, float(loss_mask[rows].sum()))
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

@@ -31,7 +31,12 @@ from llds.env.prompts import build_prompt_ids
 from llds.errors import ServiceUnavailableError
 from llds.evaluation.periodic import eval_rollout_config, is_due
 from llds.monitor.alarms import Alarm, AlarmMonitor, should_act
-from llds.monitor.likelihood import displacement_metrics, group_hidden_similarity
+from llds.monitor.likelihood import (
+    displacement_metrics,
+    group_correct_share,
+    group_hidden_similarity,
+    lld_share_metrics,
+)
 from llds.monitor.rollout_metrics import rollout_metrics
 from llds.policy.float_env import float_environment
 from llds.policy.forward import batched_log_probs, pooled_response_hidden
@@ -298,7 +303,16 @@ class GRPOTrainer:
         self.scheduler.step()
 
         t4 = time.perf_counter()
-        metrics = rollout_metrics(batch, adv, old_logp, entropy, self.dist.sum)
+        # rollouts from another policy (the sampling copy) and pi_old recomputed: their mismatch
+        other_sampler = self.sampler is not self.rollout_model and not from_rollout
+        metrics = rollout_metrics(
+            batch,
+            adv,
+            old_logp,
+            entropy,
+            self.dist.sum,
+            sampler_logp=batch.rollout_logprobs if other_sampler else None,
+        )
         metrics.update(update_stats)
         if cfg.diagnostics.enabled:
             metrics.update(self._displacement(batch, old_logp, adv, k))
@@ -564,9 +578,35 @@ class GRPOTrainer:
         self.model.train()
         w = sub.response_len
         correct = torch.tensor([e.em > 0 for e in sub.episodes])
-        return displacement_metrics(
+        out = displacement_metrics(
             old_logp[rows, :w], new_logp, sub.loss_mask, sub.action_index, correct, adv[rows]
         )
+        shares = lld_share_metrics(
+            old_logp[rows, :w],
+            new_logp,
+            sub.loss_mask,
+            adv[rows],
+            sub.group_ids,
+            sub.rewards,
+            group_accuracy=group_correct_share(batch.group_ids, batch.rewards),
+        )
+        out.update(self._pooled_over_processes(shares))
+        return out
+
+    def _pooled_over_processes(self, shares: dict[str, float]) -> dict[str, float]:
+        """The step's LLD shares over every process's responses: counts summed, shares weighted
+        by their counts (one all-reduce; every rank then holds the global values)."""
+        if not self.dist.enabled:
+            return shares
+        pairs = list(keys.SHARE_COUNTS.items())
+        fallen = [shares.get(s, 0.0) * shares[n] for s, n in pairs]
+        counts = sorted(set(keys.SHARE_COUNTS.values()))
+        total = self.dist.sum(torch.tensor(fallen + [shares[n] for n in counts])).tolist()
+        pooled = dict(zip(counts, total[len(pairs) :], strict=True))
+        for (share, n), f in zip(pairs, total[: len(pairs)], strict=True):
+            if pooled[n] > 0:
+                pooled[share] = f / pooled[n]
+        return pooled
 
     def _hidden_similarity(self, batch: RolloutBatch) -> float:
         """Fig. 3b of the paper: how alike the model represents correct and incorrect responses

@@ -1,0 +1,206 @@
+"""The attribution rules on series built by hand: each fires on its mechanism's signature and
+stays silent without it, with the numbers that decided it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from llds.monitor.alarms import Alarm
+from llds.report import attribution as att
+from llds.report.text import attribution_paragraph
+
+STEPS = 60
+EVENT = 60  # the window is steps 41..60; the early baseline steps 1..20
+
+
+def series(**curves: Callable[[int], float]) -> dict[str, list[tuple[int, float]]]:
+    """Metric name (with `__` for `/`) -> its values at steps 1..STEPS."""
+    return {
+        name.replace("__", "/"): [(s, f(s)) for s in range(1, STEPS + 1)]
+        for name, f in curves.items()
+    }
+
+
+def late(before: float, after: float, start: int = 41) -> Callable[[int], float]:
+    return lambda s: after if s >= start else before
+
+
+def rising_reward(s: int) -> float:
+    return min(0.1 + 0.01 * s, 0.6)
+
+
+def test_lld_fires_on_falling_likelihood_while_reward_holds():
+    sig = series(reward__mean=rising_reward, lld__share_pos_fell=late(0.2, 0.8))
+    f = att.lld_rule(sig, EVENT)
+    assert f.status == "present"
+    assert f.numbers["lld/share_pos_fell"] == pytest.approx(0.8)
+    assert f.numbers["reward_at_window_start"] == pytest.approx(f.numbers["reward_peak"])
+    # negative displacement alone is also the signature
+    neg = series(reward__mean=rising_reward, lld__disp_pos=late(0.2, -0.3))
+    assert att.lld_rule(neg, EVENT).status == "present"
+
+
+def test_lld_absent_when_likelihood_rises_or_reward_had_already_fallen():
+    healthy = series(reward__mean=rising_reward, lld__share_pos_fell=lambda s: 0.2)
+    assert att.lld_rule(healthy, EVENT).status == "absent"
+    # the same displacement, but the reward fell to a third of its peak before the window
+    fallen = series(reward__mean=late(0.6, 0.2, start=25), lld__share_pos_fell=late(0.2, 0.8))
+    f = att.lld_rule(fallen, EVENT)
+    assert f.status == "absent" and f.numbers["reward_at_window_start"] == pytest.approx(0.2)
+    # a log with only the older frac_pos_fell is read through it
+    old = series(reward__mean=rising_reward, lld__frac_pos_fell=late(0.2, 0.9))
+    assert att.lld_rule(old, EVENT).numbers == pytest.approx(
+        {"lld/frac_pos_fell": 0.9, "reward_at_window_start": 0.465, "reward_peak": 0.465}
+    )
+    assert att.lld_rule(series(reward__mean=rising_reward), EVENT).status == "not logged"
+
+
+def test_mismatch_fires_on_rising_k3_or_logp_diff_or_low_ess():
+    k3 = series(mismatch__k3_kl=late(0.001, 0.01))
+    assert att.mismatch_rule(k3, EVENT).status == "present"
+    diff = series(mismatch__abs_logp_diff_max=late(0.8, 3.0))
+    assert att.mismatch_rule(diff, EVENT).status == "present"
+    ess = series(mismatch__is_ess=late(0.95, 0.3, start=55))
+    f = att.mismatch_rule(ess, EVENT)
+    assert f.status == "present" and f.numbers["mismatch/is_ess"] == pytest.approx(0.3)
+
+
+def test_mismatch_absent_when_flat_or_below_its_floor():
+    flat = series(
+        mismatch__k3_kl=lambda s: 0.004,
+        mismatch__abs_logp_diff_max=lambda s: 2.0,
+        mismatch__is_ess=lambda s: 0.9,
+    )
+    assert att.mismatch_rule(flat, EVENT).status == "absent"
+    # doubling from a negligible level is not a rise: under the floors
+    tiny = series(mismatch__k3_kl=late(1e-5, 1e-4), mismatch__abs_logp_diff_max=late(0.1, 0.5))
+    assert att.mismatch_rule(tiny, EVENT).status == "absent"
+    assert att.mismatch_rule(series(policy__entropy=lambda s: 1.0), EVENT).status == "not logged"
+
+
+def test_void_turns_fire_on_a_rising_share_only():
+    assert att.void_turn_rule(series(turns__void_share=late(0.05, 0.3)), EVENT).status == "present"
+    # doubled but by less than VOID_RISE_MIN
+    small = series(turns__void_share=late(0.02, 0.06))
+    assert att.void_turn_rule(small, EVENT).status == "absent"
+    assert att.void_turn_rule(series(turns__void_share=lambda s: 0.3), EVENT).status == "absent"
+    assert att.void_turn_rule(series(), EVENT).status == "not logged"
+
+
+def test_entropy_fires_on_collapse_and_blow_up():
+    collapse = att.entropy_rule(series(policy__entropy=late(0.8, 0.02)), EVENT)
+    assert collapse.status == "present" and collapse.reason.startswith("collapse")
+    blowup = att.entropy_rule(series(policy__entropy=late(0.8, 2.5, start=58)), EVENT)
+    assert blowup.status == "present" and blowup.reason.startswith("blow-up")
+    drift = att.entropy_rule(series(policy__entropy=lambda s: 0.8 - 0.005 * s), EVENT)
+    assert drift.status == "absent" and drift.numbers["entropy_early"] == pytest.approx(0.7475)
+
+
+def test_entropy_is_not_judged_without_early_steps():
+    f = att.entropy_rule(series(policy__entropy=lambda s: 5.0 if s > 10 else 0.1), 15)
+    assert f.status == "absent" and "no early steps" in f.reason
+
+
+def test_lr_divergence_fires_on_large_early_kl_with_clipping_or_grad_growth():
+    clipped = series(policy__approx_kl=lambda s: 0.1, policy__clip_frac_high=lambda s: 0.3)
+    assert att.lr_divergence_rule(clipped, EVENT).status == "present"
+    # low and high clipped shares add up
+    both = series(
+        policy__approx_kl=lambda s: 0.1,
+        policy__clip_frac_low=lambda s: 0.12,
+        policy__clip_frac_high=lambda s: 0.12,
+    )
+    f = att.lr_divergence_rule(both, EVENT)
+    assert f.status == "present" and f.numbers["clip_frac_early"] == pytest.approx(0.24)
+    grad = series(policy__approx_kl=lambda s: 0.08, policy__grad_norm=late(0.5, 8.0))
+    f = att.lr_divergence_rule(grad, EVENT)
+    assert f.status == "present" and f.numbers["grad_norm_growth"] == pytest.approx(16.0)
+
+
+def test_lr_divergence_absent_with_small_early_kl_even_if_grad_grows():
+    calm = series(
+        policy__approx_kl=lambda s: 0.005,
+        policy__clip_frac_high=lambda s: 0.3,
+        policy__grad_norm=late(0.5, 8.0),
+    )
+    assert att.lr_divergence_rule(calm, EVENT).status == "absent"
+    # large KL, but neither clipping nor grad growth
+    kl_only = series(policy__approx_kl=lambda s: 0.1, policy__clip_frac_high=lambda s: 0.01)
+    assert att.lr_divergence_rule(kl_only, EVENT).status == "absent"
+    assert att.lr_divergence_rule(series(), EVENT).status == "not logged"
+
+
+def test_run_events_attributes_the_collapse_and_serious_alarms_only():
+    rows = [
+        {
+            "step": s,
+            "reward/mean": rising_reward(s) if s < 45 else 0.0,
+            "lld/share_pos_fell": 0.8 if s > 25 else 0.2,
+            "policy/entropy": 0.8,
+        }
+        for s in range(1, STEPS + 1)
+    ]
+    alarms = [
+        Alarm(30, "stagnation", "info", ""),
+        Alarm(40, "displacement_decay", "critical", ""),
+        Alarm(50, "collapse", "critical", ""),  # the detector's alarm, not the definition's
+    ]
+    events = att.run_events(rows, alarms)
+    assert [(e.kind, e.step) for e in events] == [
+        (att.COLLAPSE, 50),
+        ("displacement_decay", 40),
+        ("collapse", 50),
+    ]
+    collapse = events[0]
+    assert [f.mechanism for f in collapse.with_status("present")] == ["LLD"]
+    assert [f.mechanism for f in collapse.with_status("absent")] == ["entropy"]
+    assert {f.mechanism for f in collapse.with_status("not logged")} == {
+        "mismatch",
+        "void turns",
+        "learning-rate divergence",
+    }
+    text = attribution_paragraph(events)
+    assert "Signatures present before the collapse at step 50 (steps 31&ndash;50): LLD (" in text
+    assert "before the alarm <code>displacement_decay</code> at step 40" in text
+    assert "before the alarm <code>collapse</code> at step 50" in text
+    assert text.count("before the collapse at step") == 1
+    assert "not logged: mismatch, void turns, learning-rate divergence" in text
+    assert "not its established cause" in text and "stagnation" not in text
+
+
+def test_alarms_at_one_step_share_a_sentence_and_late_ones_are_counted():
+    rows = [{"step": s, "reward/mean": rising_reward(s)} for s in range(1, STEPS + 1)]
+    alarms = [Alarm(20, "entropy_spike", "warning", ""), Alarm(20, "ratio_spike", "warning", "")]
+    alarms += [Alarm(21 + i, "grad_norm_spike", "warning", "") for i in range(8)]
+    text = attribution_paragraph(att.run_events(rows, alarms))
+    assert text.startswith("<p class='attribution'>No collapse by the pre-registered definition.")
+    assert "alarms <code>entropy_spike</code>, <code>ratio_spike</code> at step 20" in text
+    assert text.count("Signatures present before") == 6  # step 20, then 21..25
+    assert "Alarms at 3 later steps are not spelled out." in text
+
+
+def test_paragraph_without_events_says_there_is_nothing_to_attribute():
+    rows = [{"step": s, "reward/mean": rising_reward(s)} for s in range(1, 40)]
+    assert att.run_events(rows, []) == []
+    assert "nothing to attribute" in attribution_paragraph([])
+
+
+def test_lld_reads_the_pre_mini_batch_share_of_a_trl_or_verl_run():
+    sig = series(reward__mean=rising_reward, lld__premb_share_pos_fell=late(0.1, 0.7))
+    f = att.lld_rule(sig, EVENT)
+    assert f.status == "present" and f.numbers["lld/premb_share_pos_fell"] == pytest.approx(0.7)
+    # the native pooled share wins when both are logged
+    both = series(
+        reward__mean=rising_reward,
+        lld__share_pos_fell=lambda s: 0.1,
+        lld__premb_share_pos_fell=late(0.1, 0.7),
+    )
+    assert att.lld_rule(both, EVENT).status == "absent"
+
+
+def test_entropy_doubling_is_a_blow_up():
+    f = att.entropy_rule(series(policy__entropy=late(0.8, 1.7)), EVENT)
+    assert f.status == "present" and "blow-up" in f.reason
+    assert att.entropy_rule(series(policy__entropy=late(0.8, 1.5)), EVENT).status == "absent"
