@@ -30,13 +30,13 @@ CFG = RolloutConfig(
 )
 
 
-def _mixed_group(world, tok, retriever):
+def _mixed_group(world, tok, retriever, cfg: RolloutConfig = CFG):
     """Sample a group, then declare one sampled answer gold: the same seed reproduces the
     group, which now has both correct and incorrect responses."""
     model = tag_happy(make_tiny_model(tok, seed=7), tok, bias=5.0)
     q = world.train[0]
     ids = build_prompt_ids(tok, q.question, TEMPLATE)
-    engine = RolloutEngine(model, tok, retriever, CFG)
+    engine = RolloutEngine(model, tok, retriever, cfg)
     for seed in range(20):
         reqs = [RolloutRequest(ids, q.id, q.id, ("zzz-none",)) for _ in range(6)]
         batch = engine.generate(reqs, generator=torch.Generator().manual_seed(seed * 1_000_003))
@@ -97,6 +97,64 @@ def _inner(a, b) -> float:
     return sum(float((x * y).sum()) for x, y in zip(a, b, strict=True))
 
 
+def _sampled_log_probs(model, batch, temperature: float) -> torch.Tensor:
+    """`log softmax(logits / T)` of each written response token, `[B, R]` (0 elsewhere): one
+    plain forward per row over its unpadded tokens, independent of the probe's batched path."""
+    out = torch.zeros(batch.loss_mask.shape)
+    p = batch.prompt_len
+    with torch.no_grad():
+        for i in range(len(batch)):
+            valid = batch.attention_mask[i].bool()
+            logits = model(input_ids=batch.input_ids[i][valid][None]).logits[0].float()
+            logp = torch.log_softmax(logits / temperature, dim=-1)
+            for j in torch.nonzero(batch.loss_mask[i]).flatten().tolist():
+                k = int(valid[: p + j].sum())  # the token's index among the row's real tokens
+                out[i, j] = logp[k - 1, batch.input_ids[i, p + j]]
+    return out
+
+
+def test_the_probe_scores_and_updates_at_the_sampling_temperature(
+    small_world, world_tokenizer, world_retriever
+):
+    t = 0.5
+    cfg = dataclasses.replace(CFG, temperature=t)
+    model, batch, ex, seed = _mixed_group(small_world, world_tokenizer, world_retriever, cfg)
+    model.eval()
+    mask = batch.loss_mask
+    lr = 0.05
+    probe = probe_group(model, batch, lr=lr, temperature=t)
+    expected = _sampled_log_probs(model, batch, t)
+    assert torch.allclose(probe.old[mask], expected[mask], atol=1e-5)
+    at_one = _sampled_log_probs(model, batch, 1.0)
+    assert (at_one[mask] - expected[mask]).abs().max() > 0.1  # T = 1 would be told apart
+    # the update is an SGD step on the loss of the tempered log-probs, and the first-order
+    # terms are the inner products of their gradients
+    ref_old, ref_new = _sgd_updates(model, batch, lr, 1, 0.0, temperature=t)
+    assert torch.allclose(probe.old[mask], ref_old[mask], atol=1e-5)
+    assert torch.allclose(probe.new[mask], ref_new[mask], atol=1e-4)
+    assert (probe.new - probe.old)[mask].abs().max() > 1e-2
+    params = [p for p in model.parameters() if p.requires_grad]
+    lp, _ = response_log_probs(model, batch, temperature=t)
+    adv = group_advantages(batch.rewards, batch.group_ids)
+    loss, _ = policy_loss(lp, lp.detach(), adv, mask)
+    g_loss = torch.autograd.grad(loss, params, retain_graph=True)
+    for i in range(len(batch)):
+        if not mask[i].any():
+            continue
+        g_i = torch.autograd.grad(lp[i][mask[i]].sum(), params, retain_graph=True)
+        predicted = -_inner(g_loss, g_i)
+        assert float(probe.first_order[i]) == pytest.approx(predicted, rel=1e-4, abs=1e-7), i
+    # run_probe scores each group at the temperature its rollouts were sampled at
+    [r] = run_probe(
+        model, world_tokenizer, world_retriever, [ex], group_size=6, rollout=cfg, lr=lr,
+        seed=seed, template=TEMPLATE, progress=False,
+    )  # fmt: skip
+    correct = batch.rewards > 0
+    assert r.first_order_correct == pytest.approx(float(probe.first_order[correct].mean()))
+    untempered = probe_group(model, batch, lr=lr)
+    assert r.first_order_correct != pytest.approx(float(untempered.first_order[correct].mean()))
+
+
 def test_drag_to_pull_by_hand() -> None:
     def r(total: float, drag: float) -> ProbeResult:
         return ProbeResult("q", "q?", 1, 1, 0.0, 0.0, 0.0, 0.0, total, 0.0, drag)
@@ -138,9 +196,10 @@ def test_run_probe_reports_mixed_groups_only(small_world, world_tokenizer, world
     assert math.isnan(probe_metrics([])["probe/lld_share"])
 
 
-def _sgd_updates(model, batch, lr: float, updates: int, llds_coef: float):
+def _sgd_updates(model, batch, lr: float, updates: int, llds_coef: float, temperature=1.0):
     """Log-probs after `updates` plain-SGD GRPO steps on `batch`, written out by hand: the clipped
-    surrogate against the sampling weights' log-probs, plus lambda * LLDS from the second step."""
+    surrogate against the sampling weights' log-probs, plus lambda * LLDS from the second step;
+    every log-prob at `temperature`."""
     import copy
 
     from llds.algo.llds import llds_loss
@@ -149,11 +208,11 @@ def _sgd_updates(model, batch, lr: float, updates: int, llds_coef: float):
     params = [p for p in model.parameters() if p.requires_grad]
     model.eval()
     with torch.no_grad():
-        old, _ = response_log_probs(model, batch)
+        old, _ = response_log_probs(model, batch, temperature=temperature)
     adv = group_advantages(batch.rewards, batch.group_ids)
     for update in range(updates):
         model.zero_grad(set_to_none=True)
-        lp, _ = response_log_probs(model, batch)
+        lp, _ = response_log_probs(model, batch, temperature=temperature)
         loss, _ = policy_loss(lp, old, adv, batch.loss_mask, clip_low=0.2)
         if update > 0 and llds_coef > 0:
             loss = loss + llds_loss(lp, old, adv, batch.loss_mask, coef=llds_coef)[0]
@@ -162,7 +221,7 @@ def _sgd_updates(model, batch, lr: float, updates: int, llds_coef: float):
             for p in params:
                 p -= lr * p.grad
     with torch.no_grad():
-        new, _ = response_log_probs(model, batch)
+        new, _ = response_log_probs(model, batch, temperature=temperature)
     return old, new
 
 
@@ -329,6 +388,8 @@ def test_questions_from_an_earlier_probe_must_have_sampled_the_same_way(tmp_path
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(tmp_path)
         assert probed_questions(path.parent, dataclasses.replace(cfg, updates=4)) == {"w:5"}
+        adamw = dataclasses.replace(cfg, optimizer="adamw", betas=(0.8, 0.99), weight_decay=0.0)
+        assert probed_questions(path, adamw) == {"w:5"}  # the update rule samples nothing
         with pytest.raises(UserInputError, match="seed is 3"):
             probed_questions(path, dataclasses.replace(cfg, seed=4))
         with pytest.raises(UserInputError, match="temperature"):

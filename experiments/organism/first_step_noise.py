@@ -51,6 +51,7 @@ def run_arm(demo: Path, out: Path, steps: int, dtype: str, old: str, first: str)
             f"model.dtype={dtype}",
             f"algo.old_logprobs={old}",
             f"algo.llds.first_update={first}",
+            "optim.minibatch_order=shuffled",  # the order the recorded runs used
         ],
     )
     rows = GRPOTrainer(cfg, resume=False).train()

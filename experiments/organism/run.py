@@ -68,6 +68,7 @@ def arm_config(demo: Path, out: Path, arm: str, seed: int) -> TrainConfig:
             f"data.eval={demo / 'world' / 'test.jsonl'}",
             f"retriever.source={demo / 'world' / 'corpus.jsonl'}",
             "logging.progress=false",
+            "optim.minibatch_order=shuffled",  # the order the recorded runs used
             *extra,
         ],
     )

@@ -184,6 +184,7 @@ def arm_config(out: Path, arm: str, seed: int, steps: int | None) -> TrainConfig
             f"data.train={out / 'data' / 'train.jsonl'}",
             f"data.eval={out / 'data' / 'eval.jsonl'}",
             f"retriever.source={out / 'index'}",
+            "optim.minibatch_order=shuffled",  # the order the recorded runs used
             *ARMS[arm],
             *([f"steps={steps}"] if steps else []),
         ],

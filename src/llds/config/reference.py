@@ -113,7 +113,11 @@ def text(cls: type) -> str:
         lines.append(f"  {r.key} ({r.type}; default {r.default})")
         if r.help:
             lines += textwrap.wrap(
-                r.help, width=96, initial_indent=" " * 6, subsequent_indent=" " * 6
+                r.help,
+                width=96,
+                initial_indent=" " * 6,
+                subsequent_indent=" " * 6,
+                break_on_hyphens=False,  # "first-order" stays one word in the help
             )
     return "\n".join(lines)
 

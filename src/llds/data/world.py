@@ -323,6 +323,13 @@ class WorldConfig:
     """passage phrasings per relation, 1..4"""
     name_similarity: float = Field(default=0.0, ge=0, le=1)
     """0..1: chance a new name is a near-duplicate of an existing one"""
+    syllable_inventory: int = Field(default=0, ge=0)
+    """0: names draw syllables from the open onset x vowel x coda inventory (hundreds, names
+    differ in most pieces); N >= 4: every name is built from one shared set of N syllables, so
+    a right and a wrong answer share sub-word pieces and their tokens (the theorem's similar
+    responses); near-duplicate names are then allowed, one name may not start another"""
+    name_length: int = Field(default=0, ge=0, le=5)
+    """syllables per name; 0: two or three (drawn 3:1)"""
     num_train: int = Field(default=480, ge=0)
     """number of training questions"""
     num_test: int = Field(default=120, ge=0)
@@ -331,10 +338,13 @@ class WorldConfig:
     def __post_init__(self) -> None:
         if sum(self.hop_mix.values()) <= 0:
             raise Invalid("hop_mix", "weights sum to zero")
+        if 0 < self.syllable_inventory < 4:
+            raise Invalid("syllable_inventory", "0 (open) or at least 4 syllables")
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> WorldConfig:
-        """A shipped world preset (`organism`, `hard`: `configs/world-NAME.yaml`) with overrides."""
+        """A shipped world preset (`organism`, `hard`, `theorem`: `configs/world-NAME.yaml`) with
+        overrides."""
         return load_world_config(f"world-{name}", overrides)
 
     def validate(self) -> None:
@@ -459,12 +469,31 @@ def _similar(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
     return len(a) == len(b) and sum(x != y for x, y in zip(a, b, strict=True)) <= 1
 
 
-class _NameMaker:
-    """Draws unique names; near-duplicates only when asked for (with `name_similarity`)."""
+def _closed_inventory(rng: random.Random, size: int) -> tuple[str, ...]:
+    """`size` distinct syllables every name is built from. Final-position shapes (vowel a/o/u,
+    coda n/r/k/m or none) are used everywhere, so any order of them ends no name in a suffix an
+    English stemmer strips."""
+    pool = sorted({o + v + c for o in _ONSETS for v in _FINAL_VOWELS for c in _FINAL_CODAS})
+    if size > len(pool):
+        raise ConfigError(f"world.syllable_inventory: at most {len(pool)} syllables, got {size}")
+    return tuple(rng.sample(pool, size))
 
-    def __init__(self, rng: random.Random, similarity: float) -> None:
+
+class _NameMaker:
+    """Draws unique names; near-duplicates only when asked for (with `name_similarity`) or
+    when every name comes from one small shared syllable inventory."""
+
+    def __init__(
+        self,
+        rng: random.Random,
+        similarity: float,
+        inventory: tuple[str, ...] = (),
+        length: int = 0,
+    ) -> None:
         self.rng = rng
         self.similarity = similarity
+        self.inventory = inventory
+        self.length = length
         self.taken: dict[str, tuple[str, ...]] = {}
         self.by_type: dict[str, list[str]] = {}
         self.banned = _template_words()
@@ -478,7 +507,18 @@ class _NameMaker:
         )
 
     def _far(self, syl: tuple[str, ...]) -> bool:
+        if self.inventory:  # shared pieces are the point; only a prefix would be ambiguous
+            name = "".join(syl)
+            return all(
+                not (name.startswith(o) or o.startswith(name))
+                for o in map("".join, self.taken.values())
+            )
         return all(not _similar(syl, other) for other in self.taken.values())
+
+    def _syllable(self, final: bool) -> str:
+        if self.inventory:
+            return self.rng.choice(self.inventory)
+        return _random_syllable(self.rng, final=final)
 
     def _near_duplicate(self, etype: str) -> tuple[tuple[str, ...], str] | None:
         pool = self.by_type.get(etype) or [n for names in self.by_type.values() for n in names]
@@ -488,7 +528,7 @@ class _NameMaker:
             base = self.rng.choice(pool)
             syl = list(self.taken[base])
             pos = self.rng.randrange(len(syl))
-            syl[pos] = _random_syllable(self.rng, final=pos == len(syl) - 1)
+            syl[pos] = self._syllable(final=pos == len(syl) - 1)
             cand = tuple(syl)
             if cand != self.taken[base] and self._free(cand):
                 return cand, base
@@ -501,8 +541,8 @@ class _NameMaker:
         else:
             base = None
             for _ in range(10_000):
-                n = self.rng.choice((2, 2, 2, 3))
-                syl = tuple(_random_syllable(self.rng, final=i == n - 1) for i in range(n))
+                n = self.length or self.rng.choice((2, 2, 2, 3))
+                syl = tuple(self._syllable(final=i == n - 1) for i in range(n))
                 if self._free(syl) and self._far(syl):
                     break
             else:  # pragma: no cover - the inventory holds far more names than any config asks
@@ -717,7 +757,12 @@ def generate_world(config: WorldConfig | None = None) -> World:
     cfg = config or WorldConfig()
     cfg.validate()
     rng = random.Random(cfg.seed)
-    names = _NameMaker(rng, cfg.name_similarity)
+    inventory = (
+        _closed_inventory(random.Random(f"syllables:{cfg.seed}"), cfg.syllable_inventory)
+        if cfg.syllable_inventory
+        else ()
+    )
+    names = _NameMaker(rng, cfg.name_similarity, inventory, cfg.name_length)
     counts = _type_counts(cfg.num_entities)
     by_type: dict[str, list[Entity]] = {t: [] for t in ENTITY_TYPES}
     for etype in ENTITY_TYPES:

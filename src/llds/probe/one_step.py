@@ -8,8 +8,10 @@ weights:
   linear in the advantages, so the change splits exactly into the pull of the responses with
   advantage > 0 and the drag of those with advantage < 0 (Eq. 3's two sums): LLD is a drag
   larger than the pull;
-- ONE such update (plain SGD by default, as in Eq. 3; Adam on request) on that group alone, and
-  the measured change of the log-likelihood of its responses.
+- ONE such update on that group alone (plain SGD by default, as in Eq. 3; or, as the paper
+  runs its probe, a fresh AdamW at the training learning rate: `llds.probe.update`), and the
+  measured change of the log-likelihood of its responses.
+Every log-prob is scored at the sampling temperature, as the trainer scores its rollouts.
 GRPO asks the correct responses' likelihood to rise; a change below zero is Lazy Likelihood
 Displacement: the negative gradients of similar wrong responses dragged the correct ones down.
 """
@@ -21,7 +23,7 @@ import math
 import statistics
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NamedTuple
 
 import torch
 from pydantic import Field
@@ -34,10 +36,19 @@ from llds.data.example import QAExample
 from llds.env.prompts import PromptTemplate, build_prompt_ids
 from llds.evaluation.evaluate import ModelOnData
 from llds.policy.forward import batched_log_probs, response_log_probs
+from llds.probe.update import (
+    TRAINER_ADAM,
+    AdamSettings,
+    ProbeOptimizer,
+    apply_updates,
+    make_optimizer,
+)
 from llds.rollout import RolloutConfig, RolloutEngine, RolloutRequest
 
 if TYPE_CHECKING:
     from llds.env.protocol import Protocol
+
+Beta = Annotated[float, Field(ge=0, lt=1)]
 
 
 @dataclass
@@ -81,18 +92,21 @@ def _dot(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> float:
     return sum(float((x.float() * y.float()).sum()) for x, y in zip(a, b, strict=True))
 
 
-def first_order_displacement(model, batch, objective: AlgoConfig) -> FirstOrder:
+def first_order_displacement(
+    model, batch, objective: AlgoConfig, *, temperature: float = 1.0
+) -> FirstOrder:
     """`<grad log pi(y_i), -grad L>` at the current weights for every response i, with `L` the
     GRPO loss of `batch` (pi_old = the current policy, ratio 1), and the same inner product with
     the loss of the advantage < 0 responses alone. A plain-SGD step of size lr changes
     `log pi(y_i)` by `lr` times the total, to first order (the paper's Eq. 3). At ratio 1 no clip
     is active and the loss is linear in the advantages, so total = pull + drag exactly.
+    `log pi` is scored at the sampling `temperature`.
 
     Each `grad log pi(y_i)` comes from a forward of row i alone: a backward through the whole
     batch's graph per response would cost B batch backwards; this costs about one."""
     params = [p for p in model.parameters() if p.requires_grad]
     model.eval()  # no dropout: the gradients of the weights as they are
-    lp, _ = response_log_probs(model, batch)
+    lp, _ = response_log_probs(model, batch, temperature=temperature)
     mask = batch.loss_mask.to(lp.device)
     adv = group_advantages(batch.rewards, batch.group_ids).to(lp.device)
     loss, _ = grpo_objective(lp, lp.detach(), adv, mask, objective)
@@ -106,7 +120,7 @@ def first_order_displacement(model, batch, objective: AlgoConfig) -> FirstOrder:
         if not mask[i].any():
             continue
         row = batch.select([i])
-        lp_i, _ = response_log_probs(model, row)
+        lp_i, _ = response_log_probs(model, row, temperature=temperature)
         grads = torch.autograd.grad(lp_i[0][row.loss_mask[0].to(lp_i.device)].sum(), params)
         total[i], drag[i] = _dot(grads, descent), _dot(grads, descent_neg)
     return FirstOrder(total, drag)
@@ -124,7 +138,9 @@ def probe_group(
     batch,
     *,
     lr: float,
-    optimizer: str = "sgd",
+    optimizer: ProbeOptimizer = "sgd",
+    adam: AdamSettings = TRAINER_ADAM,
+    temperature: float = 1.0,
     clip: float = 0.2,
     aggregation: str = "token-mean",
     token_budget: int = 16384,
@@ -137,42 +153,25 @@ def probe_group(
     One update is the paper's Eq. 3. With more, every update after the first uses the same
     rollouts with pi_old fixed at the sampling weights (as a rollout batch's optimizer steps do
     in training), and LLDS (`llds_coef > 0`) acts from the second update on: on the first,
-    pi_theta = pi_old and its penalty is exactly 0. The weights are restored before returning.
+    pi_theta = pi_old and its penalty is exactly 0. The updates use a fresh `optimizer` (`adam`:
+    AdamW's settings), and every log-prob is scored at the sampling `temperature`. The weights
+    are restored before returning.
     """
     if updates < 1:
         raise ValueError(f"updates must be >= 1, got {updates}")
     saved = copy.deepcopy(model.state_dict())
     objective = probe_objective(clip, aggregation, llds_coef)
     try:
+        params = [p for p in model.parameters() if p.requires_grad]
+        opt = make_optimizer(params, optimizer, lr, adam)
         first_order, drag = first_order_displacement(
-            model, batch, probe_objective(clip, aggregation, 0.0)
+            model, batch, probe_objective(clip, aggregation, 0.0), temperature=temperature
         )
         model.zero_grad(set_to_none=True)
         model.eval()
-        old, _ = batched_log_probs(model, batch, token_budget)
-        adv = group_advantages(batch.rewards, batch.group_ids)
-        params = [p for p in model.parameters() if p.requires_grad]
-        opt = (
-            torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-            if optimizer == "adam"
-            else torch.optim.SGD(params, lr=lr)
-        )
-        model.train()
-        for update in range(updates):
-            opt.zero_grad(set_to_none=True)
-            lp, _ = response_log_probs(model, batch)
-            loss, _ = grpo_objective(  # the GRPO update (+ LLDS): no KL or entropy term
-                lp,
-                old.to(lp.device),
-                adv.to(lp.device),
-                batch.loss_mask.to(lp.device),
-                objective,
-                llds_acts=update > 0,
-            )
-            loss.backward()
-            opt.step()
-        model.eval()
-        new, _ = batched_log_probs(model, batch, token_budget)
+        old, _ = batched_log_probs(model, batch, token_budget, temperature=temperature)
+        apply_updates(model, batch, old, opt, objective, updates=updates, temperature=temperature)
+        new, _ = batched_log_probs(model, batch, token_budget, temperature=temperature)
         return GroupProbe(old, new, first_order, drag)
     finally:
         model.load_state_dict(saved)
@@ -188,7 +187,8 @@ def run_probe(
     group_size: int = 8,
     rollout: RolloutConfig | None = None,
     lr: float = 1e-2,
-    optimizer: str = "sgd",
+    optimizer: ProbeOptimizer = "sgd",
+    adam: AdamSettings = TRAINER_ADAM,
     seed: int = 0,
     template: PromptTemplate | str | None = None,
     chat: bool | None = None,
@@ -207,7 +207,9 @@ def run_probe(
     what the whole probe would have; `on_question(i, result or None)` is called after each.
     With `max_probed` it stops once that many questions were probed. With `only`, examples
     whose id is not in it are passed over without sampling (their index still counts, so the
-    others get the rollouts they get in a probe of all)."""
+    others get the rollouts they get in a probe of all). Each group is scored and updated at the
+    temperature it was sampled at (`rollout.temperature`; greedy scores at 1); `optimizer`, `lr`
+    and `adam` are the update's (see `probe_group`)."""
     cfg = rollout or RolloutConfig()
     engine = RolloutEngine(model, tokenizer, retriever, cfg)
     results: list[ProbeResult] = []
@@ -236,7 +238,14 @@ def run_probe(
                     on_question(i, None)
                 continue
             old, new, first_order, drag = probe_group(
-                model, batch, lr=lr, optimizer=optimizer, updates=updates, llds_coef=llds_coef
+                model,
+                batch,
+                lr=lr,
+                optimizer=optimizer,
+                adam=adam,
+                temperature=cfg.temperature,
+                updates=updates,
+                llds_coef=llds_coef,
             )
             mask = batch.loss_mask
             delta = torch.where(mask, new - old, torch.zeros_like(new)).sum(-1)
@@ -335,11 +344,20 @@ class ProbeConfig(ModelOnData):
     group_size: int = Field(default=8, ge=2)
     """rollouts per question"""
     lr: float = Field(default=1e-2, gt=0)
-    """step size of the probe update (the first-order change needs none)"""
-    optimizer: Literal["adam", "sgd"] = "sgd"
-    """the probe update: plain SGD (Eq. 3) or a fresh Adam"""
+    """step size of the probe update (the first-order change needs none); with `adamw`, the
+    run's `optim.lr`"""
+    optimizer: Literal["sgd", "adamw"] = "sgd"
+    """the probe update: plain SGD (Eq. 3) or, as the paper's probe, a fresh AdamW per question
+    with a run's settings (`lr`, `betas`, `eps`, `weight_decay` as its `optim.*`); the
+    first-order terms stay the SGD direction's"""
+    betas: tuple[Beta, Beta] = (0.9, 0.999)
+    """AdamW's (beta1, beta2) for `optimizer: adamw` (the trainer's default)"""
+    eps: float = Field(default=1e-8, gt=0)
+    """AdamW's epsilon for `optimizer: adamw` (the trainer's default)"""
+    weight_decay: float = Field(default=0.01, ge=0)
+    """AdamW's decoupled weight decay for `optimizer: adamw` (the trainer's default)"""
     temperature: float = Field(default=1.0, ge=0)
-    """sampling temperature"""
+    """sampling temperature; the probe scores and updates at it too (0: greedy, scored at 1)"""
     seed: int = 0
     """sampling seed"""
     updates: int = Field(default=1, ge=1)
@@ -367,17 +385,30 @@ PARTIAL = "probe.partial.jsonl"
 RUN_ONLY = ("out", "device", "limit", "max_probed")
 # what a probe's questions' rollouts do not depend on; every other setting must match for
 # questions_from (the model, data, retriever, seed, group size, temperature, protocol)
-NOT_SAMPLING = (*RUN_ONLY, "questions_from", "lr", "optimizer", "updates", "llds_coef")
+NOT_SAMPLING = (
+    *RUN_ONLY,
+    "questions_from",
+    "lr",
+    "optimizer",
+    "betas",
+    "eps",
+    "weight_decay",
+    "updates",
+    "llds_coef",
+)
 
 
 def _settings(cfg: ProbeConfig) -> dict[str, Any]:
     """What each question's outcome depends on (a partial probe resumes only under the same).
     Not how many questions: question i's outcome does not depend on it, so a probe resumed with
-    a larger limit or max_probed goes on where it stopped."""
+    a larger limit or max_probed goes on where it stopped. As JSON reads them back (tuples as
+    lists), so that the settings a partial file records compare equal to these."""
+    import json
+
     skip = RUN_ONLY
     if not cfg.questions_from:  # absent, not "", so partial probes of all questions stay valid
         skip += ("questions_from",)
-    return {k: v for k, v in asdict(cfg).items() if k not in skip}
+    return json.loads(json.dumps({k: v for k, v in asdict(cfg).items() if k not in skip}))
 
 
 def _resume(path, settings: dict[str, Any]) -> tuple[int, list[ProbeResult]]:
@@ -499,6 +530,7 @@ def probe_model(
         rollout=rollout,
         lr=cfg.lr,
         optimizer=cfg.optimizer,
+        adam=AdamSettings(tuple(cfg.betas), cfg.eps, cfg.weight_decay),
         seed=cfg.seed,
         template=template,
         chat=proto.chat,

@@ -38,13 +38,13 @@ def _load_examples(cfg: SFTConfig) -> tuple[list[Any], list[Any], str | None]:
     return load_examples(cfg.data), [], None
 
 
-def _tokenizer_texts(template: Any) -> list[str]:
+def _tokenizer_texts(template: Any, think_bank: Any = "fixed") -> list[str]:
     """Text the tiny model will read besides the corpus: the prompt and the expert phrasing."""
     from llds.env.prompts import DEFAULT_INSTRUCTION
-    from llds.sft.data import EXPERT_PHRASES
+    from llds.sft.data import tokenizer_phrases
 
     prompt = DEFAULT_INSTRUCTION if template is None else template.text
-    phrases = list(EXPERT_PHRASES)
+    phrases = tokenizer_phrases(think_bank)
     return [prompt] * 5 + phrases
 
 
@@ -55,6 +55,7 @@ def tiny_tokenizer(
     *,
     template: Any = None,
     name_tokens: bool = True,
+    think_bank: Any = "fixed",
 ) -> Any:
     """BPE fitted to the corpus, the training questions, the prompt and the expert phrasing.
 
@@ -68,7 +69,7 @@ def tiny_tokenizer(
     from llds.retrieval.corpus import read_corpus
 
     passages = [p.contents for p in read_corpus(corpus)]
-    texts = passages + [ex.question for ex in train] + _tokenizer_texts(template)
+    texts = passages + [ex.question for ex in train] + _tokenizer_texts(template, think_bank)
     names: list[str] = []
     if name_tokens:
         titles = (Hit("", text, 0.0).title.strip() for text in passages)
@@ -95,6 +96,7 @@ def _model_and_tokenizer(cfg: SFTConfig, corpus: str | None, template: Any, trai
             cfg.tokenizer_vocab,
             template=template,
             name_tokens=cfg.name_tokens,
+            think_bank=cfg.think_bank,
         )
         model = tiny_causal_lm_for(
             tok,
@@ -164,6 +166,7 @@ def run(cfg: SFTConfig) -> dict[str, Any]:
         "num_examples": cfg.num_examples,
         "early_answer": cfg.early_answer,
         "seed": cfg.seed,
+        "think_bank": cfg.think_bank,
     }
     episodes, stats = build_expert_episodes(train, retriever, tok, **expert)
     for copy_train, copy_retriever in _relabeled_copies(cfg):

@@ -67,6 +67,10 @@ class SFTConfig:
     """observation token cap"""
     think: bool = True
     """expert actions with <think> text"""
+    think_bank: Literal["fixed", "paraphrase"] = "fixed"
+    """where the <think> text comes from: `fixed`, three phrasings per reasoning step; or
+    `paraphrase`, several interchangeable phrasings per slot of each step drawn per trajectory,
+    so the warm start's thinking has many equally likely continuations (real entropy)"""
     relabel_copies: int = Field(default=0, ge=0)
     """with `world`: also train on K copies of the world with entity names permuted (the same
     names on other facts), so only reading pays"""

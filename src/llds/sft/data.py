@@ -24,10 +24,11 @@ from such data searches well but not always, which leaves RL a behaviour to lear
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 from llds.data.example import QAExample
 from llds.env.observation import information_block
@@ -86,6 +87,106 @@ EXPERT_PHRASES: tuple[str, ...] = (
     *_FINAL_FROM_QUESTION,
     *_GUESS,
 )
+
+# The paraphrase bank: each reasoning step is a run of slots, each slot a set of interchangeable
+# short phrasings ("" = the slot is left out), all drawn independently per trajectory. A model
+# trained on it has many equally likely continuations at every slot, so its thinking text
+# carries real entropy spread over many tokens, as a pretrained model's does, instead of one
+# memorized line. Slots are a few words each so that the entropy per model token stays high.
+_OPENERS = ("", "Okay.", "Hmm.", "Right.", "Well.", "So.", "Now.", "Good.")
+_NEED = ("I need to", "I should", "I must", "I want to", "I have to", "I will", "Let me", "I can")
+_LOOKUP = ("find", "look up", "search for", "check", "learn", "get", "read about", "ask about")
+_WHY = ("", "to answer", "for this", "first of all", "to go on", "as a start", "to be sure", "now")
+_CLOSERS = (
+    "",
+    "A search will tell me.",
+    "The passages will say.",
+    "Then I can go on.",
+    "That comes first.",
+    "Search it.",
+    "Let me see.",
+    "Here goes.",
+)
+_READ = ("The", "So the", "I see the", "Now the", "I read that the", "It seems the", "Yes, the")
+_NEXT = ("Next", "Now", "Then", "After that", "Still,", "Also", "So", "From there")
+_CONCLUDE = (
+    "",
+    "That is the answer.",
+    "So that is it.",
+    "Done.",
+    "I can answer now.",
+    "That answers it.",
+    "Enough searching.",
+    "The answer is clear.",
+)
+_SEARCH_TAIL = (_NEED, _LOOKUP, ("the {query}",), _WHY, (".",), _CLOSERS)
+PARAPHRASE_SLOTS: dict[str, tuple[tuple[str, ...], ...]] = {
+    "first_search": (_OPENERS, *_SEARCH_TAIL),
+    "next_search": (_OPENERS, _READ, ("{prev_query} is {prev_answer}.",), _NEXT, *_SEARCH_TAIL),
+    "final_from_chain": (_OPENERS, _READ, ("{prev_query} is {answer}.",), _CONCLUDE),
+    "question_search": (_OPENERS, _QUESTION_SEARCH, _CLOSERS),
+    "final_from_question": (_OPENERS, _FINAL_FROM_QUESTION, _CONCLUDE),
+    "guess": (_OPENERS, _GUESS, _CONCLUDE),
+}
+"""slots of each reasoning step in the `paraphrase` bank"""
+PARAPHRASE_PHRASES: tuple[str, ...] = tuple(
+    dict.fromkeys(p for slots in PARAPHRASE_SLOTS.values() for slot in slots for p in slot if p)
+)
+"""everything the paraphrase bank can write besides names (for fitting a tokenizer)"""
+_FIXED_STEPS = {
+    "first_search": _FIRST_SEARCH,
+    "next_search": _NEXT_SEARCH,
+    "final_from_chain": _FINAL_FROM_CHAIN,
+    "question_search": _QUESTION_SEARCH,
+    "final_from_question": _FINAL_FROM_QUESTION,
+    "guess": _GUESS,
+}
+ThinkBank = Literal["fixed", "paraphrase"]
+
+
+TOKENIZER_REPEATS = 30
+"""how often a small tokenizer sees each paraphrase-bank phrase: the expert writes them in every
+trajectory, and seen once each they would be cut into single letters"""
+
+
+def bank_phrases(bank: ThinkBank) -> tuple[str, ...]:
+    """The phrasings a bank can write."""
+    return EXPERT_PHRASES if bank == "fixed" else PARAPHRASE_PHRASES
+
+
+def tokenizer_phrases(bank: ThinkBank) -> list[str]:
+    """The bank's phrasings as a small tokenizer should see them: the paraphrase bank's
+    `TOKENIZER_REPEATS` times, each after a space as the expert writes it."""
+    if bank == "fixed":
+        return list(EXPERT_PHRASES)
+    return [f" {p}" for p in PARAPHRASE_PHRASES] * TOKENIZER_REPEATS
+
+
+def step_entropy(step: str, bank: ThinkBank = "fixed") -> float:
+    """Entropy in nats of one reasoning step's draw: every slot is a uniform choice."""
+    slots = (_FIXED_STEPS[step],) if bank == "fixed" else PARAPHRASE_SLOTS[step]
+    return sum(math.log(len(set(slot))) for slot in slots)
+
+
+def think_entropy(example: QAExample, bank: ThinkBank = "fixed") -> float:
+    """Entropy in nats of the expert's whole thinking text for `example`: what a perfect
+    imitator of the expert would still be uncertain about (names and queries are determined)."""
+    chain = _chain(example)
+    if chain is None:
+        steps = ["question_search", "final_from_question"]
+    else:
+        steps = ["first_search"] + ["next_search"] * (len(chain) - 1)
+        steps.append("final_from_chain" if chain else "guess")
+    return sum(step_entropy(step, bank) for step in steps)
+
+
+def think_text(step: str, rng: random.Random, bank: ThinkBank = "fixed", **refs: str) -> str:
+    """One reasoning step's text: a phrasing drawn from the `fixed` bank (three per step), or
+    one draw per slot of the `paraphrase` bank joined by spaces."""
+    if bank == "fixed":
+        return rng.choice(_FIXED_STEPS[step]).format(**refs)
+    picks = (rng.choice(slot) for slot in PARAPHRASE_SLOTS[step])
+    return " ".join(p for p in picks if p).replace(" .", ".").format(**refs)
 
 
 @dataclass(frozen=True)
@@ -207,10 +308,13 @@ def _rng_for(example: QAExample, seed: int) -> random.Random:
     return random.Random(f"{seed}:{example.id}")
 
 
-def expert_actions(example: QAExample, *, think: bool = True, seed: int = 0) -> list[str]:
+def expert_actions(
+    example: QAExample, *, think: bool = True, seed: int = 0, think_bank: ThinkBank = "fixed"
+) -> list[str]:
     """The expert's action texts: one per search, then the answer action.
 
-    With `think=False` every action is just the search/answer span (no reasoning text).
+    With `think=False` every action is just the search/answer span (no reasoning text);
+    `think_bank` picks where the reasoning text comes from (`think_text`).
     """
     if not example.answers:
         raise DataFormatError(f"example {example.id}: no gold answers")
@@ -219,33 +323,35 @@ def expert_actions(example: QAExample, *, think: bool = True, seed: int = 0) -> 
     chain = _chain(example)
     actions: list[str] = []
     if chain is None:
-        searches = [(rng.choice(_QUESTION_SEARCH), example.question.strip())]
-        final_think = rng.choice(_FINAL_FROM_QUESTION).format(answer=answer)
+        searches = [(think_text("question_search", rng, think_bank), example.question.strip())]
+        final_think = think_text("final_from_question", rng, think_bank, answer=answer)
     else:
         searches = []
         for i, hop in enumerate(chain):
-            bank = _FIRST_SEARCH if i == 0 else _NEXT_SEARCH
             prev = chain[i - 1] if i else {}
-            searches.append(
-                (
-                    rng.choice(bank).format(
-                        query=hop["query"].strip(),
-                        prev_query=prev.get("query", "").strip(),
-                        prev_answer=prev.get("answer", "").strip(),
-                    ),
-                    hop["query"].strip(),
-                )
+            text = think_text(
+                "first_search" if i == 0 else "next_search",
+                rng,
+                think_bank,
+                query=hop["query"].strip(),
+                prev_query=prev.get("query", "").strip(),
+                prev_answer=prev.get("answer", "").strip(),
             )
+            searches.append((text, hop["query"].strip()))
         final_think = (
-            rng.choice(_FINAL_FROM_CHAIN).format(
-                prev_query=chain[-1]["query"].strip(), answer=answer
+            think_text(
+                "final_from_chain",
+                rng,
+                think_bank,
+                prev_query=chain[-1]["query"].strip(),
+                answer=answer,
             )
             if chain
-            else rng.choice(_GUESS).format(answer=answer)
+            else think_text("guess", rng, think_bank, answer=answer)
         )
-    for think_text, query in searches:
+    for reasoning, query in searches:
         if think:
-            actions.append(_action(think_text, SEARCH_OPEN, query, SEARCH_CLOSE))
+            actions.append(_action(reasoning, SEARCH_OPEN, query, SEARCH_CLOSE))
         else:
             actions.append(f"{SEARCH_OPEN} {query} {SEARCH_CLOSE}")
     if think:
@@ -292,9 +398,10 @@ def assemble_episode(
     max_obs_tokens: int = 500,
     think: bool = True,
     seed: int = 0,
+    think_bank: ThinkBank = "fixed",
 ) -> ExpertEpisode:
     """Lay out the expert trajectory given the retriever's hits for each of its searches."""
-    actions = expert_actions(example, think=think, seed=seed)
+    actions = expert_actions(example, think=think, seed=seed, think_bank=think_bank)
     queries = expert_queries(example)
     if len(hits_per_search) != len(queries):
         raise ValueError(
@@ -343,6 +450,7 @@ def build_expert_episodes(
     num_examples: int | None = None,
     early_answer: float = 0.0,
     seed: int = 0,
+    think_bank: ThinkBank = "fixed",
 ) -> tuple[list[ExpertEpisode], ExpertDataStats]:
     """Expert trajectories for many examples, with all searches sent to the retriever at once.
 
@@ -389,6 +497,7 @@ def build_expert_episodes(
             max_obs_tokens=max_obs_tokens,
             think=think,
             seed=seed,
+            think_bank=think_bank,
         )
         episodes.append(ep)
         stats.kept_by_hops[ep.hops] = stats.kept_by_hops.get(ep.hops, 0) + 1

@@ -88,6 +88,14 @@ class OptimConfig:
     mini_batches: int = Field(default=10, ge=1)
     """optimizer steps per rollout batch (per epoch), as the paper's 10; LLDS acts from the
     second on, so LLDS with one step in all is a config error"""
+    minibatch_order: Literal["shuffled", "rollout"] = "shuffled"
+    """how a rollout batch is cut into its `mini_batches`. `rollout`: in rollout order with every
+    group whole, as the authors' veRL does (its mini-batches are consecutive slices of the batch,
+    a question's G rollouts kept together); when the groups do not divide evenly the first
+    mini-batches take one group more, epochs repeat the same cut, and there may be no more
+    mini-batches than prompts per step. `shuffled`: rows permuted across the whole batch anew
+    each epoch, so a group's right and wrong answers may land in different optimizer steps (this
+    project's earlier behaviour, kept as the default so recorded runs reproduce)"""
     epochs: int = Field(default=1, ge=1)
     """passes over each rollout batch"""
     micro_batch_tokens: int = Field(default=16384, ge=1)
@@ -143,6 +151,11 @@ class DiagnosticsConfig:
     """questions in the probe set (only those whose sampled group is mixed are probed)"""
     probe_lr: float = Field(default=1e-2, gt=0)
     """plain-SGD step of the probe update (`probe/first_order_*` need no step size)"""
+    probe_optimizer: Literal["sgd", "adamw"] = "sgd"
+    """the probe update: plain SGD at `probe_lr` (Eq. 3), or a fresh AdamW per question with the
+    run's own `optim.lr`, `optim.betas`, `optim.eps` and `optim.weight_decay`, as the paper's
+    probe (`probe/lld_share` and `probe/disp_correct` then measure training's step;
+    `probe/first_order_*` stay the SGD direction's)"""
     hidden_similarity_every: int = Field(default=10, ge=0)
     """every N steps, `lld/hidden_cos_correct_incorrect`: the mean cosine similarity of the last
     hidden states (averaged over response tokens) of correct and incorrect responses of a group
@@ -264,6 +277,15 @@ class TrainConfig:
         rows = self.prompts_per_step * self.rollout.group_size
         if self.optim.mini_batches > rows:
             why = f"{self.optim.mini_batches} > {rows} rollouts per step"
+            out.append(("optim.mini_batches", why))
+        elif self.optim.minibatch_order == "rollout" and self.optim.mini_batches > (
+            self.prompts_per_step
+        ):
+            why = (
+                f"{self.optim.mini_batches} > {self.prompts_per_step} prompts per step: "
+                "optim.minibatch_order=rollout keeps groups whole, one group at least per "
+                "mini-batch"
+            )
             out.append(("optim.mini_batches", why))
         if self.diagnostics.reference_every > 0 and not self.data.eval:
             out.append(("diagnostics.reference_every", "needs data.eval (held-out questions)"))

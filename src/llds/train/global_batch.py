@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -38,15 +38,29 @@ def global_counts(dist: Dist, loss_mask: torch.Tensor, adv: torch.Tensor) -> Cou
 
 
 def mini_batches(
-    gen: torch.Generator, global_rows: Sequence[int], n_global: int, parts: int
+    gen: torch.Generator,
+    global_rows: Sequence[int],
+    n_global: int,
+    parts: int,
+    order: Literal["shuffled", "rollout"] = "shuffled",
+    group_size: int = 1,
 ) -> list[list[int]]:
-    """One epoch's mini-batches as this process's local row indices: a permutation of the
-    `n_global` global rows drawn from `gen`, cut into `parts` near-equal parts. `global_rows`
-    gives each local row's global index. A part may hold none of this process's rows: every
+    """One epoch's mini-batches as this process's local row indices. `global_rows` gives each
+    local row's global index; global row `q * group_size + i` is rollout `i` of question `q`.
+
+    `shuffled`: a permutation of the `n_global` rows drawn from `gen`, cut into `parts`
+    near-equal parts (a group's rollouts may land in different parts). `rollout`: the questions
+    in rollout order cut into `parts` runs of whole groups, the first ones a group larger when
+    they do not divide evenly, as the authors' veRL slices its batch; `gen` is not drawn from,
+    so every epoch repeats the same cut. A part may hold none of this process's rows: every
     process still takes the same number of optimizer steps."""
     local_of = {gid: local for local, gid in enumerate(global_rows)}
-    order = torch.randperm(n_global, generator=gen).tolist()
-    return [[local_of[gid] for gid in part if gid in local_of] for part in split(order, parts)]
+    if order == "rollout":
+        runs = split(list(range(n_global // group_size)), parts)
+        cut = [[q * group_size + i for q in run for i in range(group_size)] for run in runs]
+    else:
+        cut = split(torch.randperm(n_global, generator=gen).tolist(), parts)
+    return [[local_of[gid] for gid in part if gid in local_of] for part in cut]
 
 
 def split(order: list[int], parts: int) -> list[list[int]]:

@@ -165,7 +165,15 @@ class PolicyUpdate:
         gen = torch.Generator().manual_seed(cfg.seed * 7_919 + k)
         stats = UpdateStats()
         for _ in range(optim.epochs):
-            for rows in mini_batches(gen, global_rows, n_global, optim.mini_batches):
+            cut = mini_batches(
+                gen,
+                global_rows,
+                n_global,
+                optim.mini_batches,
+                optim.minibatch_order,
+                cfg.rollout.group_size,
+            )
+            for rows in cut:
                 first = stats.start_mini_batch()
                 llds_acts = self._llds_acts(llds_coef, first)
                 counts = global_counts(self.dist, loss_mask[rows], adv[rows])

@@ -44,6 +44,7 @@ from llds.policy.sampling_copy import refresh_sampling_copy, sampling_context
 from llds.policy.setup import load_model
 from llds.probe.one_step import probe_metrics, run_probe
 from llds.probe.reference import REFERENCE_FILE, ReferenceChains
+from llds.probe.update import AdamSettings
 from llds.retrieval.client import RetrievalServiceError
 from llds.rollout import RolloutBatch, RolloutEngine, RolloutRequest
 from llds.runs.tracking import MetricsLogger, read_metrics
@@ -362,6 +363,7 @@ class GRPOTrainer:
         and random streams are left exactly as they were."""
         cfg = self.cfg
         model = copy.deepcopy(self.rollout_model).float().requires_grad_(True)
+        adamw = cfg.diagnostics.probe_optimizer == "adamw"  # the run's own optimizer and lr
         with self._forked_streams():
             results = run_probe(
                 model,
@@ -370,8 +372,9 @@ class GRPOTrainer:
                 self.probe_set,
                 group_size=cfg.rollout.group_size,
                 rollout=self.engine.config,
-                lr=cfg.diagnostics.probe_lr,
-                optimizer="sgd",
+                lr=cfg.optim.lr if adamw else cfg.diagnostics.probe_lr,
+                optimizer=cfg.diagnostics.probe_optimizer,
+                adam=AdamSettings(tuple(cfg.optim.betas), cfg.optim.eps, cfg.optim.weight_decay),
                 seed=cfg.seed,
                 template=self.template,
                 chat=cfg.model.chat,
