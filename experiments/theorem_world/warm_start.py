@@ -27,11 +27,11 @@ import torch
 
 from llds.data.world import WorldConfig, generate_world, write_world
 from llds.io import write_json
-from llds.models.tiny import save_tiny, tiny_causal_lm_for
+from llds.models.tiny import save_tiny
 from llds.report.warm_start import markdown_table, measure_warm_start
 from llds.retrieval.factory import build_retriever
 from llds.rollout import RolloutConfig
-from llds.sft import tiny_tokenizer
+from llds.sft import tiny_model_and_tokenizer
 from llds.sft.config import load_sft_config
 from llds.sft.data import build_expert_episodes, think_entropy
 from llds.sft.trainer import sft_train
@@ -81,21 +81,7 @@ def main() -> None:
     write_world(world, work / "world")
     cfg = load_sft_config("sft-theorem", [f"out={work}", f"seed={args.seed}"])
     torch.set_num_threads(cfg.threads or 1)
-    tok = tiny_tokenizer(
-        str(work / "world" / "corpus.jsonl"),
-        world.train,
-        cfg.tokenizer_vocab,
-        name_tokens=cfg.name_tokens,
-        think_bank=cfg.think_bank,
-    )
-    model = tiny_causal_lm_for(
-        tok,
-        hidden_size=cfg.hidden,
-        num_layers=cfg.layers,
-        num_heads=cfg.heads,
-        num_kv_heads=max(1, cfg.heads // 2),
-        seed=cfg.seed,
-    )
+    model, tok = tiny_model_and_tokenizer(cfg, str(work / "world" / "corpus.jsonl"), world.train)
     retriever = build_retriever(world.corpus, show_progress=False)
     episodes, stats = build_expert_episodes(
         world.train,

@@ -77,6 +77,32 @@ def tiny_tokenizer(
     return tokenizer_for_world(texts, vocab_size, extra_tokens=names)
 
 
+def tiny_model_and_tokenizer(
+    cfg: SFTConfig, corpus: str, train: list[Any], template: Any = None
+) -> tuple[Any, Any]:
+    """`tiny=true`'s fresh model and the BPE tokenizer fitted to `corpus` and the questions, as
+    `cfg` sets them (vocabulary, name tokens, think bank, size, seed), on the CPU."""
+    from llds.models import tiny_causal_lm_for
+
+    tok = tiny_tokenizer(
+        corpus,
+        train,
+        cfg.tokenizer_vocab,
+        template=template,
+        name_tokens=cfg.name_tokens,
+        think_bank=cfg.think_bank,
+    )
+    model = tiny_causal_lm_for(
+        tok,
+        hidden_size=cfg.hidden,
+        num_layers=cfg.layers,
+        num_heads=cfg.heads,
+        num_kv_heads=max(1, cfg.heads // 2),
+        seed=cfg.seed,
+    )
+    return model, tok
+
+
 def _model_and_tokenizer(cfg: SFTConfig, corpus: str | None, template: Any, train: list[Any]):
     from llds.policy.setup import resolve_device
 
@@ -84,28 +110,11 @@ def _model_and_tokenizer(cfg: SFTConfig, corpus: str | None, template: Any, trai
         raise UserInputError("give exactly one of tiny=true or model=PATH")
     device = str(resolve_device(cfg.device, "device"))
     if cfg.tiny:
-        from llds.models import tiny_causal_lm_for
-
         if not (corpus and Path(corpus).is_file()):
             raise UserInputError(
                 "tiny=true fits its tokenizer to a corpus: give world=DIR or a corpus=FILE .jsonl"
             )
-        tok = tiny_tokenizer(
-            corpus,
-            train,
-            cfg.tokenizer_vocab,
-            template=template,
-            name_tokens=cfg.name_tokens,
-            think_bank=cfg.think_bank,
-        )
-        model = tiny_causal_lm_for(
-            tok,
-            hidden_size=cfg.hidden,
-            num_layers=cfg.layers,
-            num_heads=cfg.heads,
-            num_kv_heads=max(1, cfg.heads // 2),
-            seed=cfg.seed,
-        )
+        model, tok = tiny_model_and_tokenizer(cfg, corpus, train, template)
         return model.to(device), tok
     if cfg.model == "smollm2":
         from llds.models import load_smollm2
