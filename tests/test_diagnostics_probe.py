@@ -169,7 +169,7 @@ def test_drag_to_pull_by_hand() -> None:
 
 
 def test_run_probe_reports_mixed_groups_only(small_world, world_tokenizer, world_retriever):
-    model, _, ex, seed = _mixed_group(small_world, world_tokenizer, world_retriever)
+    model, batch, ex, seed = _mixed_group(small_world, world_tokenizer, world_retriever)
     all_wrong = QAExample("w:never", ex.question, ("no such answer 123",), "w")
     results = run_probe(
         model,
@@ -194,6 +194,32 @@ def test_run_probe_reports_mixed_groups_only(small_world, world_tokenizer, world
     assert m["probe/first_order_drag"] == r.first_order_correct_drag
     assert m["probe/drag_to_pull"] == drag_to_pull(r)
     assert math.isnan(probe_metrics([])["probe/lld_share"])
+    # the per-response count agrees with the first-order values of the same group, recomputed
+    again = probe_group(model, batch, lr=1e-4)
+    assert r.n_correct_first_order_fell == int((again.first_order[batch.rewards > 0] < 0).sum())
+
+
+def test_probe_metrics_split_by_group_accuracy_by_hand() -> None:
+    def r(right: int, wrong: int, total: float, fell: int) -> ProbeResult:
+        return ProbeResult("q", "q?", right, wrong, 0.0, 0.0, 0.0, 0.0, total, 0.0, 0.0, fell)
+
+    results = [
+        r(6, 2, -0.5, 4),
+        r(5, 3, 0.3, 1),
+        r(7, 1, 0.2, 0),
+        r(2, 6, -0.1, 2),
+        r(4, 4, 0.4, 0),
+    ]
+    m = probe_metrics(results)
+    assert m["probe/groups_acc_hi"] == 3 and m["probe/groups_acc_lo"] == 2  # 4 of 8 is not high
+    assert m["probe/first_order_lld_share_acc_hi"] == pytest.approx(1 / 3)
+    assert m["probe/first_order_lld_share_acc_lo"] == pytest.approx(1 / 2)
+    assert m["probe/correct_responses"] == 24
+    assert m["probe/correct_first_order_fell_share"] == pytest.approx(7 / 24)
+    empty = probe_metrics([r(6, 2, 0.1, 0)])
+    assert empty["probe/groups_acc_lo"] == 0 and math.isnan(
+        empty["probe/first_order_lld_share_acc_lo"]
+    )
 
 
 def _sgd_updates(model, batch, lr: float, updates: int, llds_coef: float, temperature=1.0):

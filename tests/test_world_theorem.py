@@ -18,7 +18,11 @@ from llds.sft.config import load_sft_config
 from llds.sft.data import (
     EXPERT_PHRASES,
     PARAPHRASE_PHRASES,
+    PARAPHRASE_SLOTS,
+    WIDE_PHRASES,
+    WIDE_SLOTS,
     bank_phrases,
+    build_expert_episodes,
     expert_actions,
     step_entropy,
     think_entropy,
@@ -144,6 +148,45 @@ def test_expert_actions_use_the_chosen_bank(theorem_world):
 
 def test_sft_theorem_preset_trains_on_actions_with_the_bank():
     cfg = load_sft_config("sft-theorem", ["out=x"])
-    assert cfg.loss_on == "actions" and cfg.think and cfg.think_bank == "paraphrase"
+    assert cfg.loss_on == "actions" and cfg.think and cfg.think_bank == "paraphrase-wide"
+    assert cfg.think_draws == 8
     assert not cfg.name_tokens and cfg.relabel_copies == 0
-    assert load_sft_config(None, ["out=x"]).think_bank == "fixed"
+    default = load_sft_config(None, ["out=x"])
+    assert default.think_bank == "fixed" and default.think_draws == 1
+    with pytest.raises(ConfigError, match="think_draws"):
+        load_sft_config(None, ["out=x", "think_draws=0"])
+
+
+def test_wide_bank_keeps_every_paraphrase_slot_and_doubles_the_free_ones():
+    for step, slots in PARAPHRASE_SLOTS.items():
+        wide = WIDE_SLOTS[step]
+        assert len(wide) == len(slots)
+        for narrow, widened in zip(slots, wide, strict=True):
+            assert widened[: len(narrow)] == narrow  # the narrow bank's draws are a prefix
+            if len(narrow) >= 7:  # the free slots (not the three-phrasing fixed ones)
+                assert len(set(widened)) == 16, (step, narrow[:2])
+    # one more bit (ln 2) per free slot: first_search has 5 free slots of 8 -> 16
+    gain = step_entropy("first_search", "paraphrase-wide") - step_entropy(
+        "first_search", "paraphrase"
+    )
+    assert gain == pytest.approx(5 * math.log(2))
+    assert set(PARAPHRASE_PHRASES) < set(WIDE_PHRASES) == set(bank_phrases("paraphrase-wide"))
+    assert tokenizer_phrases("paraphrase-wide").count(" Meanwhile") == 30
+
+
+def test_think_draws_lay_out_each_question_with_its_own_thinking(theorem_world):
+    tok = tokenizer_for_world(theorem_world, 800, extra_texts=tokenizer_phrases("paraphrase-wide"))
+    retriever = build_retriever(theorem_world.corpus, show_progress=False)
+    examples = theorem_world.train[:6]
+    common = {"topk": 2, "max_obs_tokens": 64, "think_bank": "paraphrase-wide", "seed": 3}
+    one, stats_one = build_expert_episodes(examples, retriever, tok, **common)
+    four, stats_four = build_expert_episodes(examples, retriever, tok, think_draws=4, **common)
+    assert len(one) == 6 and len(four) == 24 and stats_one.kept == stats_four.kept == 6
+    assert [e.action_texts for e in four[::4]] == [e.action_texts for e in one]  # draw 0 = before
+    for i in range(6):
+        draws = four[4 * i : 4 * i + 4]
+        assert len({e.example_id for e in draws}) == 1
+        assert len({e.action_texts for e in draws}) == 4  # each its own thinking text
+        assert len({e.queries for e in draws}) == 1 and len({e.observations for e in draws}) == 1
+    with pytest.raises(ValueError, match="think_draws"):
+        build_expert_episodes(examples, retriever, tok, think_draws=0, **common)

@@ -51,6 +51,13 @@ def _args() -> argparse.Namespace:
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--probe-groups", type=int, default=64, help="mixed groups probed at the end")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an override of the sft-theorem preset (repeatable)",
+    )
     return p.parse_args()
 
 
@@ -59,6 +66,15 @@ def _relative(value: Any) -> Any:
     if isinstance(value, str) and Path(value).is_absolute():
         return os.path.relpath(value)
     return value
+
+
+def _command_args(args: argparse.Namespace) -> str:
+    """The arguments as a reader reruns them (a repeated option once per value)."""
+    parts = []
+    for key, value in vars(args).items():
+        for one in value if isinstance(value, list) else [value]:
+            parts.append(f"--{key.replace('_', '-')} {_relative(one)}")
+    return " ".join(parts)
 
 
 def _rollout(cfg: Any, args: argparse.Namespace) -> RolloutConfig:
@@ -79,7 +95,7 @@ def main() -> None:
     work, results = Path(args.work), Path(args.results)
     world = generate_world(WorldConfig.preset("theorem"))
     write_world(world, work / "world")
-    cfg = load_sft_config("sft-theorem", [f"out={work}", f"seed={args.seed}"])
+    cfg = load_sft_config("sft-theorem", [f"out={work}", f"seed={args.seed}", *args.set])
     torch.set_num_threads(cfg.threads or 1)
     model, tok = tiny_model_and_tokenizer(cfg, str(work / "world" / "corpus.jsonl"), world.train)
     retriever = build_retriever(world.corpus, show_progress=False)
@@ -91,6 +107,7 @@ def main() -> None:
         max_obs_tokens=cfg.max_obs_tokens,
         think=cfg.think,
         think_bank=cfg.think_bank,
+        think_draws=cfg.think_draws,
         seed=cfg.seed,
     )
     by_id = {ex.id: ex for ex in world.train}
@@ -136,11 +153,13 @@ def main() -> None:
         probe_groups=args.probe_groups,
     )
     report = {
-        "command": "python experiments/theorem_world/warm_start.py "
-        + " ".join(f"--{k.replace('_', '-')} {_relative(v)}" for k, v in vars(args).items()),
+        "command": "python experiments/theorem_world/warm_start.py " + _command_args(args),
         "machine": {"cpu": platform.processor() or platform.machine(), "threads": cfg.threads},
         "world": world.config.to_dict(),
-        "sft": {k: getattr(cfg, k) for k in ("lr", "batch_size", "hidden", "layers", "heads")},
+        "sft": {
+            k: getattr(cfg, k)
+            for k in ("lr", "batch_size", "hidden", "layers", "heads", "think_bank", "think_draws")
+        },
         "trajectories": stats.to_dict(),
         "expert_entropy_per_action_token": expert_entropy,
         "steps": done,

@@ -68,6 +68,13 @@ class ProbeResult:
     first_order_correct_drag: float = 0.0
     """the part of `first_order_correct` that the advantage < 0 responses contribute (<= 0 when
     they drag the correct ones down); the rest is the pull of the advantage > 0 responses"""
+    n_correct_first_order_fell: int = 0
+    """correct responses whose own first-order change is negative (drag over pull)"""
+
+    @property
+    def high_accuracy(self) -> bool:
+        """More than half of the group is right (where the theorem expects the drag to win)."""
+        return self.n_correct > self.n_incorrect
 
 
 class FirstOrder(NamedTuple):
@@ -263,6 +270,7 @@ def run_probe(
                     first_order_correct=float(first_order[correct].mean()),
                     first_order_incorrect=float(first_order[~correct].mean()),
                     first_order_correct_drag=float(drag[correct].mean()),
+                    n_correct_first_order_fell=int((first_order[correct] < 0).sum()),
                 )
             )
             if on_question is not None:
@@ -297,11 +305,34 @@ def summarize(results: Sequence[ProbeResult]) -> dict[str, Any]:
     }
 
 
+def _by_accuracy(results: Sequence[ProbeResult]) -> dict[str, float]:
+    """Counts and first-order shares split at group accuracy 0.5 (`_acc_hi`: more than half
+    right), and the pooled share of correct responses whose first-order change is negative."""
+    out: dict[str, float] = {}
+    for band, members in (
+        ("acc_hi", [r for r in results if r.high_accuracy]),
+        ("acc_lo", [r for r in results if not r.high_accuracy]),
+    ):
+        n = len(members)
+        out[f"probe/groups_{band}"] = float(n)
+        fell = sum(r.first_order_correct < 0 for r in members)
+        out[f"probe/first_order_lld_share_{band}"] = fell / n if n else float("nan")
+    correct = sum(r.n_correct for r in results)
+    out["probe/correct_responses"] = float(correct)
+    fell = sum(r.n_correct_first_order_fell for r in results)
+    out["probe/correct_first_order_fell_share"] = fell / correct if correct else float("nan")
+    return out
+
+
 def probe_metrics(results: Sequence[ProbeResult]) -> dict[str, float]:
-    """The probe as training metrics (`probe/*`); shares are NaN when no group was mixed."""
+    """The probe as training metrics (`probe/*`); shares are NaN when no group was mixed.
+    `probe/first_order_lld_share` is the share of probed groups whose mean correct response
+    falls to first order (drag over pull); `_acc_hi` / `_acc_lo` split it at group accuracy 0.5,
+    with their group counts; `probe/correct_first_order_fell_share` pools over responses."""
     s = summarize(results)
     nan = float("nan")
     return {
+        **_by_accuracy(results),
         "probe/questions": float(s["probed"]),
         "probe/lld_share": s.get("lld_share", nan),
         "probe/first_order_lld_share": s.get("first_order_lld_share", nan),

@@ -176,6 +176,7 @@ def run(cfg: SFTConfig) -> dict[str, Any]:
         "early_answer": cfg.early_answer,
         "seed": cfg.seed,
         "think_bank": cfg.think_bank,
+        "think_draws": cfg.think_draws,
     }
     episodes, stats = build_expert_episodes(train, retriever, tok, **expert)
     for copy_train, copy_retriever in _relabeled_copies(cfg):
@@ -185,7 +186,8 @@ def run(cfg: SFTConfig) -> dict[str, Any]:
     n_params = sum(p.numel() for p in model.parameters())
     mean_len = sum(len(e) for e in episodes) / max(len(episodes), 1)
     print(
-        f"{stats.kept} trajectories ({stats.to_dict()['kept_by_hops']} by hops; "
+        f"{len(episodes)} trajectories of {stats.kept} questions "
+        f"({stats.to_dict()['kept_by_hops']} by hops; "
         f"{stats.early_answers} stopping early, "
         f"{stats.skipped_hops} skipped by max_hops, {stats.skipped_no_gold_in_retrieval} "
         f"without the answer in retrieval), {mean_len:.0f} tokens each on average; "

@@ -67,10 +67,14 @@ class SFTConfig:
     """observation token cap"""
     think: bool = True
     """expert actions with <think> text"""
-    think_bank: Literal["fixed", "paraphrase"] = "fixed"
-    """where the <think> text comes from: `fixed`, three phrasings per reasoning step; or
+    think_bank: Literal["fixed", "paraphrase", "paraphrase-wide"] = "fixed"
+    """where the <think> text comes from: `fixed`, three phrasings per reasoning step;
     `paraphrase`, several interchangeable phrasings per slot of each step drawn per trajectory,
-    so the warm start's thinking has many equally likely continuations (real entropy)"""
+    so the warm start's thinking has many equally likely continuations (real entropy); or
+    `paraphrase-wide`, twice as many phrasings per slot (more entropy per token)"""
+    think_draws: int = Field(default=1, ge=1)
+    """trajectories per question, each with its own draw of the thinking text (more than one
+    keeps a model trained for many epochs from memorizing a phrasing per question)"""
     relabel_copies: int = Field(default=0, ge=0)
     """with `world`: also train on K copies of the world with entity names permuted (the same
     names on other facts), so only reading pays"""

@@ -129,10 +129,75 @@ PARAPHRASE_SLOTS: dict[str, tuple[tuple[str, ...], ...]] = {
     "guess": (_OPENERS, _GUESS, _CONCLUDE),
 }
 """slots of each reasoning step in the `paraphrase` bank"""
-PARAPHRASE_PHRASES: tuple[str, ...] = tuple(
-    dict.fromkeys(p for slots in PARAPHRASE_SLOTS.values() for slot in slots for p in slot if p)
-)
+
+# The `paraphrase-wide` bank: every free slot of `paraphrase` with as many phrasings again (one
+# or two words each, so each slot stays a token or two). About 0.7 more nats per slot at the
+# same length: a perfect imitator keeps more entropy per action token, so a warm start can learn
+# to read and answer before its thinking text runs out of uncertainty.
+_MORE: dict[tuple[str, ...], tuple[str, ...]] = {
+    _OPENERS: ("Alright.", "Sure.", "Fine.", "Yes.", "Ah.", "Oh.", "Look.", "Great."),
+    _NEED: (
+        "I ought to",
+        "I shall",
+        "I'll",
+        "Time to",
+        "Best to",
+        "I plan to",
+        "I mean to",
+        "I try to",
+    ),
+    _LOOKUP: ("query", "seek", "confirm", "verify", "retrieve", "discover", "pin down", "work out"),
+    _WHY: ("here", "first", "next", "quickly", "today", "again", "carefully", "at once"),
+    _CLOSERS: (
+        "Go.",
+        "On it.",
+        "Searching.",
+        "Off I go.",
+        "Easy.",
+        "Simple.",
+        "We will see.",
+        "One search.",
+    ),
+    _READ: (
+        "Clearly the",
+        "Apparently the",
+        "Good, the",
+        "OK, the",
+        "Noted: the",
+        "Aha, the",
+        "Indeed the",
+        "Great, the",
+        "Evidently the",
+    ),
+    _NEXT: ("Later", "Second", "Further", "And now", "Moving on", "Onward", "Besides", "Meanwhile"),
+    _CONCLUDE: (
+        "Finished.",
+        "All set.",
+        "Got it.",
+        "That settles it.",
+        "Answer found.",
+        "Solved.",
+        "No more searching.",
+        "Clear now.",
+    ),
+}
+WIDE_SLOTS: dict[str, tuple[tuple[str, ...], ...]] = {
+    step: tuple(slot + _MORE.get(slot, ()) for slot in slots)
+    for step, slots in PARAPHRASE_SLOTS.items()
+}
+"""slots of each reasoning step in the `paraphrase-wide` bank"""
+
+
+def _slot_phrases(slots_by_step: dict[str, tuple[tuple[str, ...], ...]]) -> tuple[str, ...]:
+    return tuple(
+        dict.fromkeys(p for slots in slots_by_step.values() for slot in slots for p in slot if p)
+    )
+
+
+PARAPHRASE_PHRASES: tuple[str, ...] = _slot_phrases(PARAPHRASE_SLOTS)
 """everything the paraphrase bank can write besides names (for fitting a tokenizer)"""
+WIDE_PHRASES: tuple[str, ...] = _slot_phrases(WIDE_SLOTS)
+"""everything the paraphrase-wide bank can write besides names"""
 _FIXED_STEPS = {
     "first_search": _FIRST_SEARCH,
     "next_search": _NEXT_SEARCH,
@@ -141,7 +206,17 @@ _FIXED_STEPS = {
     "final_from_question": _FINAL_FROM_QUESTION,
     "guess": _GUESS,
 }
-ThinkBank = Literal["fixed", "paraphrase"]
+ThinkBank = Literal["fixed", "paraphrase", "paraphrase-wide"]
+_SLOTS: dict[str, dict[str, tuple[tuple[str, ...], ...]]] = {
+    "fixed": {step: (phrasings,) for step, phrasings in _FIXED_STEPS.items()},
+    "paraphrase": PARAPHRASE_SLOTS,
+    "paraphrase-wide": WIDE_SLOTS,
+}
+_PHRASES: dict[str, tuple[str, ...]] = {
+    "fixed": EXPERT_PHRASES,
+    "paraphrase": PARAPHRASE_PHRASES,
+    "paraphrase-wide": WIDE_PHRASES,
+}
 
 
 TOKENIZER_REPEATS = 30
@@ -151,7 +226,7 @@ trajectory, and seen once each they would be cut into single letters"""
 
 def bank_phrases(bank: ThinkBank) -> tuple[str, ...]:
     """The phrasings a bank can write."""
-    return EXPERT_PHRASES if bank == "fixed" else PARAPHRASE_PHRASES
+    return _PHRASES[bank]
 
 
 def tokenizer_phrases(bank: ThinkBank) -> list[str]:
@@ -159,13 +234,12 @@ def tokenizer_phrases(bank: ThinkBank) -> list[str]:
     `TOKENIZER_REPEATS` times, each after a space as the expert writes it."""
     if bank == "fixed":
         return list(EXPERT_PHRASES)
-    return [f" {p}" for p in PARAPHRASE_PHRASES] * TOKENIZER_REPEATS
+    return [f" {p}" for p in _PHRASES[bank]] * TOKENIZER_REPEATS
 
 
 def step_entropy(step: str, bank: ThinkBank = "fixed") -> float:
     """Entropy in nats of one reasoning step's draw: every slot is a uniform choice."""
-    slots = (_FIXED_STEPS[step],) if bank == "fixed" else PARAPHRASE_SLOTS[step]
-    return sum(math.log(len(set(slot))) for slot in slots)
+    return sum(math.log(len(set(slot))) for slot in _SLOTS[bank][step])
 
 
 def think_entropy(example: QAExample, bank: ThinkBank = "fixed") -> float:
@@ -182,10 +256,10 @@ def think_entropy(example: QAExample, bank: ThinkBank = "fixed") -> float:
 
 def think_text(step: str, rng: random.Random, bank: ThinkBank = "fixed", **refs: str) -> str:
     """One reasoning step's text: a phrasing drawn from the `fixed` bank (three per step), or
-    one draw per slot of the `paraphrase` bank joined by spaces."""
+    one draw per slot of a paraphrase bank joined by spaces."""
     if bank == "fixed":
         return rng.choice(_FIXED_STEPS[step]).format(**refs)
-    picks = (rng.choice(slot) for slot in PARAPHRASE_SLOTS[step])
+    picks = (rng.choice(slot) for slot in _SLOTS[bank][step])
     return " ".join(p for p in picks if p).replace(" .", ".").format(**refs)
 
 
@@ -304,21 +378,27 @@ def expert_queries(example: QAExample) -> list[str]:
     return [example.question.strip()] if chain is None else [h["query"].strip() for h in chain]
 
 
-def _rng_for(example: QAExample, seed: int) -> random.Random:
-    return random.Random(f"{seed}:{example.id}")
+def _rng_for(example: QAExample, seed: int, draw: int = 0) -> random.Random:
+    return random.Random(f"{seed}:{example.id}" + (f":{draw}" if draw else ""))
 
 
 def expert_actions(
-    example: QAExample, *, think: bool = True, seed: int = 0, think_bank: ThinkBank = "fixed"
+    example: QAExample,
+    *,
+    think: bool = True,
+    seed: int = 0,
+    think_bank: ThinkBank = "fixed",
+    draw: int = 0,
 ) -> list[str]:
     """The expert's action texts: one per search, then the answer action.
 
     With `think=False` every action is just the search/answer span (no reasoning text);
-    `think_bank` picks where the reasoning text comes from (`think_text`).
+    `think_bank` picks where the reasoning text comes from (`think_text`); `draw` numbers
+    independent draws of it for the same example and seed (0 = the first).
     """
     if not example.answers:
         raise DataFormatError(f"example {example.id}: no gold answers")
-    rng = _rng_for(example, seed)
+    rng = _rng_for(example, seed, draw)
     answer = example.answers[0].strip()
     chain = _chain(example)
     actions: list[str] = []
@@ -399,9 +479,10 @@ def assemble_episode(
     think: bool = True,
     seed: int = 0,
     think_bank: ThinkBank = "fixed",
+    draw: int = 0,
 ) -> ExpertEpisode:
     """Lay out the expert trajectory given the retriever's hits for each of its searches."""
-    actions = expert_actions(example, think=think, seed=seed, think_bank=think_bank)
+    actions = expert_actions(example, think=think, seed=seed, think_bank=think_bank, draw=draw)
     queries = expert_queries(example)
     if len(hits_per_search) != len(queries):
         raise ValueError(
@@ -451,16 +532,23 @@ def build_expert_episodes(
     early_answer: float = 0.0,
     seed: int = 0,
     think_bank: ThinkBank = "fixed",
+    think_draws: int = 1,
 ) -> tuple[list[ExpertEpisode], ExpertDataStats]:
     """Expert trajectories for many examples, with all searches sent to the retriever at once.
 
     `max_hops` drops examples that need more searches (e.g. 1 = warm up on single-hop only, so
-    multi-hop is left for RL to learn); `num_examples` caps how many trajectories are kept (in
+    multi-hop is left for RL to learn); `num_examples` caps how many examples are kept (in
     input order). Both are the knobs for how much the warm start teaches. `early_answer` is the
     share of chain examples replaced by their `early_answer_variant` (chosen per example, seeded).
+    `think_draws` lays out each kept example that many times, each with its own draw of the
+    thinking text (the same searches and passages): with one draw per question, a model trained
+    for many epochs memorizes which phrasing goes with which question and loses the bank's
+    entropy.
     """
     if not 0.0 <= early_answer <= 1.0:
         raise ValueError(f"early_answer must be in [0, 1], got {early_answer}")
+    if think_draws < 1:
+        raise ValueError(f"think_draws must be at least 1, got {think_draws}")
     stats = ExpertDataStats(considered=len(examples))
     chosen: list[QAExample] = []
     for ex in examples:
@@ -482,24 +570,26 @@ def build_expert_episodes(
     results = retriever.search(flat, topk) if flat else []
     episodes: list[ExpertEpisode] = []
     for ex, (lo, hi) in zip(chosen, spans, strict=True):
-        if num_examples is not None and len(episodes) >= num_examples:
+        if num_examples is not None and stats.kept >= num_examples:
             break
         hits = results[lo:hi]
         if _chain(ex) is None and not retrieval_contains_gold(hits[0], ex.answers):
             stats.skipped_no_gold_in_retrieval += 1
             continue
-        ep = assemble_episode(
-            ex,
-            hits,
-            tokenizer,
-            template=template,
-            chat=chat,
-            max_obs_tokens=max_obs_tokens,
-            think=think,
-            seed=seed,
-            think_bank=think_bank,
-        )
-        episodes.append(ep)
+        for draw in range(think_draws):
+            ep = assemble_episode(
+                ex,
+                hits,
+                tokenizer,
+                template=template,
+                chat=chat,
+                max_obs_tokens=max_obs_tokens,
+                think=think,
+                seed=seed,
+                think_bank=think_bank,
+                draw=draw,
+            )
+            episodes.append(ep)
+        stats.kept += 1
         stats.kept_by_hops[ep.hops] = stats.kept_by_hops.get(ep.hops, 0) + 1
-    stats.kept = len(episodes)
     return episodes, stats

@@ -1,0 +1,153 @@
+"""The theorem-world study's driver and tables (`experiments/theorem_world/`): the runs it would
+start (`--dry-run`), and the pre-registered rules applied to logged rows built by hand."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+STUDY = Path(__file__).resolve().parents[1] / "experiments" / "theorem_world"
+sys.path.insert(0, str(STUDY))
+import tables  # noqa: E402
+
+
+def _planned(*args: str | Path) -> list[dict[str, Any]]:
+    cmd = [sys.executable, str(STUDY / "run.py"), *map(str, args), "--dry-run"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def test_the_arms_differ_in_llds_alone_and_keep_the_protocols_settings(tmp_path) -> None:
+    runs = _planned("study", "--work", tmp_path, "--lr", "3e-4")
+    assert [(r["run_dir"].split("/")[-2], r["seed"]) for r in runs] == [
+        (arm, s) for s in (1, 2, 3) for arm in ("grpo", "grpo-llds")
+    ]
+    grpo, llds = _flat(runs[0]), _flat(runs[1])
+    changed = {k for k in grpo if grpo[k] != llds[k]}
+    assert changed == {"run_dir", "algo.llds.enabled"} and llds["algo.llds.coef"] == 0.2
+    assert grpo["rollout.group_size"] == 8 and grpo["prompts_per_step"] == 40
+    assert grpo["optim.mini_batches"] == 10 and grpo["optim.minibatch_order"] == "rollout"
+    assert grpo["optim.epochs"] == 1 and grpo["optim.lr"] == 3e-4 and grpo["steps"] == 300
+    assert grpo["eval_every"] == 25 and grpo["diagnostics.probe_every"] == 25
+    assert grpo["diagnostics.probe_questions"] == 64 and grpo["data.eval_limit"] == 200
+    assert grpo["model.path"] == str(tmp_path / "model")
+
+
+def test_the_calibration_runs_the_grid_on_its_own_seeds(tmp_path) -> None:
+    runs = _planned("calibrate", "--work", tmp_path)
+    got = {(r["optim"]["lr"], r["seed"]) for r in runs}
+    assert got == {(lr, s) for lr in (1e-4, 3e-4, 1e-3, 3e-3) for s in (101, 102)}
+    assert all(r["steps"] == 10 and not r["algo"]["llds"]["enabled"] for r in runs)
+
+
+def _row(step: int, reward: float = 0.5, fell: int = 0, pos: int = 10, **extra: float) -> dict:
+    row = {"step": step, "reward/mean": reward, "lld/share_pos_fell": fell / pos, "lld/n_pos": pos}
+    return {**row, **extra}
+
+
+def test_window_shares_pool_over_responses_and_stop_at_the_fall() -> None:
+    rows = [_row(s, fell=1 if s <= 25 else 0, pos=10) for s in range(1, 51)]
+    rows[3]["lld/n_pos"], rows[3]["lld/share_pos_fell"] = 20, 0.25  # 5 of 20 at step 4
+    w = tables.window_shares(rows, collapse=40, steps=50)
+    assert (w[0]["fell"], w[0]["responses"]) == (24 + 5, 24 * 10 + 20)
+    assert w[0]["share"] == pytest.approx(29 / 260) and w[0]["before_fall"]
+    assert (w[1]["fell"], w[1]["share"], w[1]["before_fall"]) == (0, 0.0, False)  # 26-50 > 40
+
+
+def test_lld_rule_one_a_window_above_40_percent_before_any_fall() -> None:
+    rows = [_row(s, fell=5 if 26 <= s <= 50 else 1) for s in range(1, 301)]
+    r = tables.run_summary(rows)
+    assert r["collapse"] is None and r["lld_window"] == "26-50" and r["lld"]
+    assert r["windows"][1]["share"] == pytest.approx(0.5)
+    # the same shares after a reward fall do not count
+    falling = [
+        _row(s, reward=0.5 if s < 20 else 0.05, fell=5 if s > 25 else 1) for s in range(1, 301)
+    ]
+    r = tables.run_summary(falling)
+    assert r["collapse"] is not None and r["collapse"] < 26 and not r["lld"]
+    # exactly 0.40 is not above it
+    assert not tables.run_summary([_row(s, fell=4) for s in range(1, 301)])["lld"]
+
+
+def _probe(step: int, hi: int, share_hi: float) -> dict:
+    return _row(
+        step,
+        **{
+            "probe/groups_acc_hi": hi,
+            "probe/first_order_lld_share_acc_hi": share_hi,
+            "probe/groups_acc_lo": 3,
+            "probe/first_order_lld_share_acc_lo": 0.0,
+            "probe/correct_responses": 40,
+            "probe/correct_first_order_fell_share": 0.1,
+        },
+    )
+
+
+def test_lld_rule_two_needs_five_high_accuracy_groups_and_ten_percent() -> None:
+    base = [_row(s) for s in range(1, 301)]
+    few = [*base[:24], _probe(25, hi=4, share_hi=0.5), *base[25:]]
+    assert not tables.run_summary(few)["lld"]  # 4 groups are too few
+    low = [*base[:24], _probe(25, hi=10, share_hi=0.09), *base[25:]]
+    assert not tables.run_summary(low)["lld"]
+    hit = [*base[:49], _probe(50, hi=10, share_hi=0.1), *base[50:]]
+    r = tables.run_summary(hit)
+    assert r["lld_probe_step"] == 50 and r["lld_window"] is None and r["lld"]
+    assert r["probes"][0]["groups_hi"] == 10 and r["probes"][0]["correct"] == 40
+
+
+def _summary(lld: bool, fell: int, em: float) -> dict:
+    return {
+        "lld": lld,
+        "pooled_before_fall": {"all": {"fell": fell, "responses": 1000}},
+        "em": {300: em},
+    }
+
+
+def _answers(grpo, llds, complete=True):
+    runs = {"grpo": dict(enumerate(grpo, 1)), "grpo-llds": dict(enumerate(llds, 1))}
+    done = {arm: {s: complete for s in by_seed} for arm, by_seed in runs.items()}
+    return tables.answers(runs, done)
+
+
+def test_the_answers_follow_the_pre_registered_rules() -> None:
+    lld = [_summary(True, 300, 0.5)] * 2 + [_summary(False, 300, 0.5)]
+    calm = [_summary(False, 100, 0.5)] * 3
+    assert _answers(lld, calm)["llds"] == "LLDS prevents it"
+    assert _answers(lld, calm, complete=False)["lld_under_grpo"] == "pending"
+    one = [_summary(True, 300, 0.5)] + [_summary(False, 300, 0.5)] * 2
+    assert _answers(one, calm) == {
+        "lld_under_grpo": "no: LLD in 1 of 3 grpo runs",
+        "llds": "not testable",
+    }
+    still = [_summary(True, 100, 0.5)] * 2 + [_summary(False, 100, 0.5)]
+    assert _answers(lld, still)["llds"] == "LLDS reduces but does not prevent it"
+    worse_em = [_summary(False, 100, 0.44)] * 3  # 0.06 below GRPO's 0.5
+    assert _answers(lld, worse_em)["llds"] == "LLDS does not prevent it"
+    more_than_half = [_summary(False, 151, 0.5)] * 3  # 453/3000 > half of 900/3000
+    assert _answers(lld, more_than_half)["llds"] == "LLDS does not prevent it"
+
+
+def test_calibration_picks_the_rate_closest_to_1e3_in_the_band() -> None:
+    def rows(kl: float) -> list[list[dict]]:
+        return [[{"step": s, "policy/approx_kl": kl} for s in range(1, 11)]] * 2
+
+    got = tables.calibration_summary({1e-4: rows(1e-5), 3e-4: rows(5e-4), 1e-3: rows(2.5e-3)})
+    assert got["json"]["chosen"] == 3e-4  # a factor 2 from 1e-3 beats a factor 2.5
+    got = tables.calibration_summary({1e-4: rows(1e-5), 3e-4: rows(2e-4)})
+    assert got["json"]["chosen"] is None and got["json"]["extend_to"] == pytest.approx(9e-4)
+    got = tables.calibration_summary({1e-3: rows(5e-3), 3e-3: rows(2e-2)})
+    assert got["json"]["extend_to"] == pytest.approx(1e-3 / 3)
+    assert "**chosen**" not in got["markdown"]
