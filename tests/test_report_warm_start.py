@@ -3,6 +3,7 @@ sampled groups (full-vocabulary forward, the episodes' own token lists)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -149,6 +150,21 @@ def test_first_action_share_counts_copies_of_right_responses(sampled):
     assert report.mixed_groups == 1 and report.wrong_in_mixed_groups == 2
     assert report.first_action_shared == pytest.approx(0.5)
     assert report.probe_low.groups == report.probe_high.groups == 0
+
+
+def test_first_search_share_compares_the_first_query_alone(sampled):
+    model, batches = sampled
+    quad = batches[0].select([0, 1, 2, 3])
+    quad.group_ids = ["g"] * 4
+    quad.rewards = torch.tensor([1.0, 0.0, 0.0, 0.0])
+    # right asks "capital of Xo"; wrong: the same query (spaced), another query, no search
+    queries = [["capital of Xo", "x"], [" capital of Xo ", "y"], ["river of Xo"], []]
+    quad.episodes = [
+        dataclasses.replace(ep, queries=q) for ep, q in zip(quad.episodes, queries, strict=True)
+    ]
+    report = measure_batches(model, [quad], T, probe_groups=0)
+    assert report.wrong_in_mixed_groups == 3
+    assert report.first_search_shared == pytest.approx(1 / 3)
 
 
 def test_probe_bands_match_first_order_signs(sampled):

@@ -67,6 +67,9 @@ class WarmStartReport:
     wrong_in_mixed_groups: int = 0
     first_action_shared: float = math.nan
     """wrong responses of mixed groups whose first action (token ids) equals a right one's"""
+    first_search_shared: float = math.nan
+    """wrong responses of mixed groups whose first search query (text, stripped) equals a right
+    one's: the same start in what it asks, whatever the thinking text around it"""
     hidden_cosine: float = math.nan
     """mean cosine of right vs wrong pooled hidden states, per group then over mixed groups"""
     probe_low: ProbeByAccuracy = field(default_factory=ProbeByAccuracy)
@@ -94,6 +97,11 @@ def _first_actions(batch: RolloutBatch) -> list[tuple[int, ...]]:
     """Each row's first action as the token ids the model sampled."""
     ids = batch.response_ids
     return [tuple(ids[i][batch.action_index[i] == 0].tolist()) for i in range(len(batch))]
+
+
+def _first_query(episode: Any) -> str | None:
+    """The first search query an episode made (None when it made none)."""
+    return episode.queries[0].strip() if episode.queries else None
 
 
 def _groups(batch: RolloutBatch) -> dict[str, list[int]]:
@@ -132,6 +140,7 @@ class _Tally:
         self.mixed = 0
         self.wrong_mixed = 0
         self.wrong_shared = 0
+        self.wrong_same_search = 0
         self.cosines: list[float] = []
         self.bands: dict[str, list[tuple[list[bool], list[bool]]]] = {"low": [], "high": []}
 
@@ -152,6 +161,7 @@ def _measure_chunk(model: Any, batch: RolloutBatch, t: float, tally: _Tally, pro
         tally.lp[ok] += float(lp[i][mask[i]].sum())
         tally.n_tok[ok].append(int(counts[i]))
     firsts = _first_actions(batch)
+    searches = [_first_query(e) for e in batch.episodes]
     for g, rows in _groups(batch).items():
         ok = [correct[r] for r in rows]
         if all(ok) or not any(ok):
@@ -161,6 +171,8 @@ def _measure_chunk(model: Any, batch: RolloutBatch, t: float, tally: _Tally, pro
         wrong = [r for r in rows if not correct[r]]
         tally.wrong_mixed += len(wrong)
         tally.wrong_shared += sum(firsts[r] in good for r in wrong)
+        asked = {searches[r] for r in rows if correct[r]} - {None}
+        tally.wrong_same_search += sum(searches[r] in asked for r in wrong)
         tally.cosines.append(group_hidden_similarity(hidden[rows], [g] * len(rows), ok))
         if probe["groups"] is not None and probe["done"] >= probe["groups"]:
             continue
@@ -265,6 +277,9 @@ def measure_batches(
         wrong_in_mixed_groups=tally.wrong_mixed,
         first_action_shared=(
             tally.wrong_shared / tally.wrong_mixed if tally.wrong_mixed else math.nan
+        ),
+        first_search_shared=(
+            tally.wrong_same_search / tally.wrong_mixed if tally.wrong_mixed else math.nan
         ),
         hidden_cosine=statistics.fmean(tally.cosines) if tally.cosines else math.nan,
         probe_low=_band(tally.bands["low"]),
