@@ -52,6 +52,12 @@ def _args() -> argparse.Namespace:
     p.add_argument("--probe-groups", type=int, default=64, help="mixed groups probed at the end")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
+        "--measure-only",
+        action="store_true",
+        help="measure the model already in --work/model again (same seed, same rollouts) and "
+        "update `measured` in --results/report.json; trains nothing",
+    )
+    p.add_argument(
         "--set",
         action="append",
         default=[],
@@ -72,8 +78,14 @@ def _command_args(args: argparse.Namespace) -> str:
     """The arguments as a reader reruns them (a repeated option once per value)."""
     parts = []
     for key, value in vars(args).items():
+        flag = f"--{key.replace('_', '-')}"
+        if value is None or value is False:
+            continue  # the default
+        if value is True:
+            parts.append(flag)
+            continue
         for one in value if isinstance(value, list) else [value]:
-            parts.append(f"--{key.replace('_', '-')} {_relative(one)}")
+            parts.append(f"{flag} {_relative(one)}")
     return " ".join(parts)
 
 
@@ -93,6 +105,9 @@ def main() -> None:
     args = _args()
     started = time.perf_counter()
     work, results = Path(args.work), Path(args.results)
+    if args.measure_only:
+        remeasure(args, work, results)
+        return
     world = generate_world(WorldConfig.preset("theorem"))
     write_world(world, work / "world")
     cfg = load_sft_config("sft-theorem", [f"out={work}", f"seed={args.seed}", *args.set])
@@ -169,14 +184,50 @@ def main() -> None:
         "wall_s": round(time.perf_counter() - started, 1),
     }
     results.mkdir(parents=True, exist_ok=True)
+    _write(results, report, final)
+
+
+def _write(results: Path, report: dict[str, Any], final: Any) -> None:
     write_json(results / "report.json", json.loads(json.dumps(report, default=str)))
     head = (
-        f"# Theorem-world warm start\n\n{done} SFT steps; conditions met: {stopped}; "
-        f"{final.questions} training questions x {final.group_size} samples at "
-        f"T = {final.temperature}.\n\n"
+        f"# Theorem-world warm start\n\n{report['steps']} SFT steps; conditions met: "
+        f"{report['stopped_on_conditions']}; {final.questions} training questions x "
+        f"{final.group_size} samples at T = {final.temperature}.\n\n"
     )
     (results / "warm_start.md").write_text(head + markdown_table(final), encoding="utf-8")
     print(markdown_table(final))
+
+
+def remeasure(args: argparse.Namespace, work: Path, results: Path) -> None:
+    """The final measurement again, on the saved model, into the existing report (for
+    measurements added after the warm start was trained; the others must come out the same)."""
+    from llds.models.hf import load_policy
+
+    report = json.loads((results / "report.json").read_text(encoding="utf-8"))
+    cfg = load_sft_config("sft-theorem", [f"out={work}", f"seed={args.seed}", *args.set])
+    torch.set_num_threads(cfg.threads or 1)
+    world = generate_world(WorldConfig.preset("theorem"))
+    model, tok = load_policy(work / "model")
+    retriever = build_retriever(world.corpus, show_progress=False)
+    final = measure_warm_start(
+        model,
+        tok,
+        retriever,
+        world.train[: args.final_questions],
+        _rollout(cfg, args),
+        seed=args.seed + 1,
+        probe_groups=args.probe_groups,
+    )
+    before, after = report["measured"], json.loads(json.dumps(final.to_dict(), default=str))
+    changed = sorted(k for k in before if k in after and before[k] != after[k])
+    report["measured"] = after
+    report["remeasured"] = {
+        "command": "python experiments/theorem_world/warm_start.py " + _command_args(args),
+        "added": sorted(set(after) - set(before)),
+        "changed": changed,
+    }
+    print(json.dumps(report["remeasured"]), flush=True)
+    _write(results, report, final)
 
 
 if __name__ == "__main__":
