@@ -27,11 +27,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import config_data, finished, print_dry_run, run_unfinished
+from _common import config_data, print_dry_run, run_unfinished
 from llds.io import write_json
 from llds.runs.tracking import read_metrics
 from llds.train.config import load_config
-from tables import calibration_summary, study_summary
+from tables import STEPS, calibration_summary, study_summary
 
 HERE = Path(__file__).resolve().parent
 ARMS = {"grpo": "base.yaml", "grpo-llds": "grpo-llds.yaml"}
@@ -152,12 +152,13 @@ def study_configs(work: Path, lr: float, arms: Sequence[str], seeds: Sequence[in
 
 
 def tables(work: Path, results: Path, arms: Sequence[str], seeds: Sequence[int]) -> None:
+    """`results/study.{md,json}` from the runs' logs as they are (a run is complete once it
+    has logged step 300)."""
     runs = {arm: {s: read_metrics(study_dir(work, arm, s)) for s in seeds} for arm in arms}
-    configs = {
-        arm: {s: run_config(work, arm, s, 0.0, study_dir(work, arm, s)) for s in seeds}
-        for arm in arms
+    complete = {
+        arm: {s: bool(rows) and rows[-1]["step"] >= STEPS for s, rows in by_seed.items()}
+        for arm, by_seed in runs.items()
     }
-    complete = {arm: {s: finished(configs[arm][s]) for s in seeds} for arm in arms}
     summary = study_summary(runs, complete, eval_root=work)
     write_json(results / "study.json", summary["json"])
     (results / "study.md").write_text(summary["markdown"], encoding="utf-8")

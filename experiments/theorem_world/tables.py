@@ -328,6 +328,13 @@ def study_summary(
                 f"| {_fmt(m['approx_kl'], '.2e')} | {_fmt(m['clip_frac'])} "
                 f"| {_fmt(m['mismatch_k3_kl'], '.2e')} | {_fmt(m['void_turn_share'])} |"
             )
+    md += [
+        "",
+        "Mismatch `-`: not logged, because there is none to measure: the rollouts are sampled by "
+        "the trained policy itself in float32 and pi_old is taken from them (`mismatch/*` is "
+        "logged only when another copy samples or pi_old is recomputed). A collapse is the "
+        "pre-registered one (`llds.report.collapse.collapse_step`).",
+    ]
     md += ["", "## Window shares (positive responses that fell / positive, pooled per window)", ""]
     md += [
         "| arm | seed | "
