@@ -8,14 +8,13 @@ median of per-step shares; every share comes with its counts.
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from llds import metrics as keys
 from llds.report.collapse import collapse_step
-from llds.report.pooled import step_counts
+from llds.report.pooled import median_over_seeds, step_counts
 
 Rows = Sequence[Mapping[str, Any]]
 
@@ -35,9 +34,7 @@ def _num(row: Mapping[str, Any], key: str) -> float | None:
     return float(v)
 
 
-def _median(values: Sequence[float | None]) -> float | None:
-    known = [v for v in values if v is not None]
-    return statistics.median(known) if known else None
+_median = median_over_seeds  # the median of the known values, or None
 
 
 # --- calibration ------------------------------------------------------------------------------
