@@ -151,3 +151,27 @@ def test_calibration_picks_the_rate_closest_to_1e3_in_the_band() -> None:
     got = tables.calibration_summary({1e-3: rows(5e-3), 3e-3: rows(2e-2)})
     assert got["json"]["extend_to"] == pytest.approx(1e-3 / 3)
     assert "**chosen**" not in got["markdown"]
+
+
+def _batch_of(groups: list[list[int]]) -> Any:
+    """A stand-in with the two fields the sampling stop reads: group ids and rewards."""
+    import torch
+
+    ids = [f"q{g}" for g, rewards in enumerate(groups) for _ in rewards]
+    rewards = torch.tensor([float(r) for rewards in groups for r in rewards])
+    return type("Batch", (), {"group_ids": ids, "rewards": rewards})()
+
+
+def test_smollm2_probe_counts_high_accuracy_mixed_groups_and_stops_on_enough() -> None:
+    import smollm2_probe as probe
+
+    # 3 of 4 right counts; 2 of 4 (half) is low; 4 of 4 and 0 of 4 are not mixed
+    first = _batch_of([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]])
+    second = _batch_of([[1, 0, 1, 1], [1, 1, 1, 0]])
+    assert probe._high_mixed(first) == 1 and probe._high_mixed(second) == 2
+    seen = {"chunks": 0, "high_mixed": 0}
+    third = _batch_of([[1, 1, 1, 0]])
+    taken = list(probe._until_enough(iter([first, second, third]), 3, float("inf"), seen))
+    assert taken == [first, second] and seen == {"chunks": 2, "high_mixed": 3}
+    seen = {"chunks": 0, "high_mixed": 0}  # a passed deadline stops after the first chunk
+    assert list(probe._until_enough(iter([first, second]), 9, 0.0, seen)) == [first]

@@ -83,6 +83,12 @@ def test_incomplete_cache_dir_is_reported(tmp_path: Path) -> None:
         smol.smollm2_checkpoint(tmp_path / "junk")
 
 
+def test_missing_gguf_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(UserInputError, match=r"nothing\.gguf is not a file"):
+        smol.smollm2_checkpoint(tmp_path / "cache", gguf=tmp_path / "nothing.gguf")
+    assert not (tmp_path / "cache").exists()
+
+
 @pytest.mark.slow
 def test_smollm2_converts_once_and_trains(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("gguf")

@@ -172,6 +172,7 @@ def test_probe_bands_match_first_order_signs(sampled):
     report = measure_batches(model, batches, T)
     objective = probe_objective(0.2, "token-mean", 0.0)
     fell = {"low": [], "high": []}
+    by_correct: dict[int, list[bool]] = {}
     for b in batches:
         for g in dict.fromkeys(b.group_ids):
             rows = [i for i, x in enumerate(b.group_ids) if x == g]
@@ -181,6 +182,15 @@ def test_probe_bands_match_first_order_signs(sampled):
             total = first_order_displacement(model, b.select(rows), objective, temperature=T).total
             band = "low" if sum(ok) / len(ok) <= 0.5 else "high"
             fell[band] += [float(total[j]) < 0 for j, o in enumerate(ok) if o]
+            by_correct.setdefault(sum(ok), []).extend(
+                float(total[j]) < 0 for j, o in enumerate(ok) if o
+            )
+    assert sorted(report.probe_by_correct) == sorted(by_correct)
+    for k, signs in by_correct.items():
+        got = report.probe_by_correct[k]
+        assert got.correct_responses == len(signs)
+        assert got.groups * k == len(signs)  # k correct responses in each such group
+        assert got.share_drag_over_pull == pytest.approx(sum(signs) / len(signs))
     for band, got in (("low", report.probe_low), ("high", report.probe_high)):
         assert got.correct_responses == len(fell[band])
         if fell[band]:  # drag over pull <=> the first-order change is negative

@@ -76,6 +76,8 @@ class WarmStartReport:
     """groups with at most half of their responses correct"""
     probe_high: ProbeByAccuracy = field(default_factory=ProbeByAccuracy)
     """groups with more than half correct"""
+    probe_by_correct: dict[int, ProbeByAccuracy] = field(default_factory=dict)
+    """the probed groups again, by their number of correct responses (finer than the bands)"""
 
     @property
     def meets_conditions(self) -> bool:
@@ -143,6 +145,7 @@ class _Tally:
         self.wrong_same_search = 0
         self.cosines: list[float] = []
         self.bands: dict[str, list[tuple[list[bool], list[bool]]]] = {"low": [], "high": []}
+        self.by_correct: dict[int, list[tuple[list[bool], list[bool]]]] = {}
 
 
 def _measure_chunk(model: Any, batch: RolloutBatch, t: float, tally: _Tally, probe: dict) -> None:
@@ -185,7 +188,9 @@ def _measure_chunk(model: Any, batch: RolloutBatch, t: float, tally: _Tally, pro
         band = "low" if sum(ok) / len(ok) <= 0.5 else "high"
         drag_mean = float(first.drag[torch.tensor(ok)].mean())
         pull_mean = float(pull[torch.tensor(ok)].mean())
-        tally.bands[band].append((dragged, [-drag_mean > pull_mean]))
+        record = (dragged, [-drag_mean > pull_mean])
+        tally.bands[band].append(record)
+        tally.by_correct.setdefault(sum(ok), []).append(record)
 
 
 def _band(groups: list[tuple[list[bool], list[bool]]]) -> ProbeByAccuracy:
@@ -284,6 +289,7 @@ def measure_batches(
         hidden_cosine=statistics.fmean(tally.cosines) if tally.cosines else math.nan,
         probe_low=_band(tally.bands["low"]),
         probe_high=_band(tally.bands["high"]),
+        probe_by_correct={k: _band(v) for k, v in sorted(tally.by_correct.items())},
     )
 
 
@@ -316,6 +322,9 @@ def markdown_table(report: WarmStartReport) -> str:
     rows = [(k, v) for k, v in d.items() if not isinstance(v, dict)]
     for band in ("probe_low", "probe_high"):
         rows += [(f"{band}.{k}", v) for k, v in d[band].items()]
+    for correct, band in d["probe_by_correct"].items():
+        name = f"probe_{correct}_of_{report.group_size}_correct"
+        rows += [(f"{name}.{k}", v) for k, v in band.items()]
     lines = ["| measurement | value |", "|---|---|"]
     lines += [f"| {k} | {fmt(v)} |" for k, v in rows]
     return "\n".join(lines) + "\n"
