@@ -11,7 +11,7 @@ responses that gradient descent on their own group drags down? The script
    questions x 8 at T = 1 after each; it stops at the first check with sampled accuracy >= 0.5
    and entropy >= 0.3 nats per model token (`llds.report.warm_start`), at `--max-sft-steps`,
    or when `--budget-s` says the rest of the time belongs to the probe;
-3. samples groups of `--group-size` on the training questions in order, 16 questions at a time,
+3. samples groups of `--group-size` on the training questions in order, 8 questions at a time,
    until `--high-groups` groups with more than half and less than all of their responses
    correct have been sampled (or `--max-questions`), and measures them all
    (`measure_batches`, every mixed group probed): the share of correct responses whose
@@ -44,7 +44,6 @@ from llds.io import write_json
 from llds.report.warm_start import (
     markdown_table,
     measure_batches,
-    measure_warm_start,
     sample_groups,
 )
 from llds.retrieval.factory import build_retriever
@@ -196,14 +195,13 @@ def main() -> None:
             loss_on="actions",
         )
         done += segment
-        check = measure_warm_start(
-            model,
-            tok,
-            retriever,
-            world.train[: args.check_questions],
-            check_rollout,
-            probe_groups=0,
-        )
+        # 16 questions x 8 per sampled chunk: on a GPU a decode step costs about the same for
+        # 128 rows as for 64, and the logits of the scored tokens still fit
+        chunks = sample_groups(
+            model, tok, retriever, world.train[: args.check_questions], check_rollout,
+            questions_per_chunk=16,
+        )  # fmt: skip
+        check = measure_batches(model, chunks, 1.0, probe_groups=0)
         met = check.meets_conditions
         report["checks"].append(
             {
@@ -227,7 +225,7 @@ def main() -> None:
         world.train[: args.max_questions],
         _rollout(cfg, args.group_size),
         seed=args.seed + 1,
-        questions_per_chunk=16,
+        questions_per_chunk=8,
     )
     if args.smoke:
         batches = _smoke_rewards(batches)
