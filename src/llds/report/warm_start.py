@@ -222,7 +222,9 @@ def sample_groups(
     if rollout.temperature <= 0:
         raise ValueError("a warm start is measured on samples: rollout.temperature must be > 0")
     engine = RolloutEngine(model, tokenizer, retriever, rollout)
-    generator = torch.Generator().manual_seed(seed)
+    device = next(model.parameters()).device
+    generator = torch.Generator(device=device if device.type == "cuda" else "cpu")
+    generator.manual_seed(seed)
     for lo in range(0, len(examples), questions_per_chunk):
         part = examples[lo : lo + questions_per_chunk]
         yield _sample(engine, tokenizer, part, rollout.group_size, generator, template, chat)

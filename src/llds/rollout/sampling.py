@@ -55,4 +55,11 @@ def sample_next_token(
         gumbel = -torch.log(-torch.log(u.clamp(min=1e-20, max=1.0 - 1e-7)))
         return (scores + gumbel).argmax(dim=-1)
     probs = torch.softmax(scores, dim=-1)
+    if generator is not None and generator.device != probs.device:
+        # a generator lives on one device: draw where it lives (the same draws on any device)
+        return (
+            torch.multinomial(probs.to(generator.device), 1, generator=generator)
+            .squeeze(-1)
+            .to(logits.device)
+        )
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
