@@ -175,3 +175,34 @@ def test_smollm2_probe_counts_high_accuracy_mixed_groups_and_stops_on_enough() -
     assert taken == [first, second] and seen == {"chunks": 2, "high_mixed": 3}
     seen = {"chunks": 0, "high_mixed": 0}  # a passed deadline stops after the first chunk
     assert list(probe._until_enough(iter([first, second]), 9, 0.0, seen)) == [first]
+
+
+def test_search_decline_table_reads_a_run_log_by_hand(tmp_path: Path) -> None:
+    import search_decline
+
+    # reward 0.6 until step 60, then 0.2: the 10-step median is 0.4 at step 65 (five of each)
+    # and 0.2 from step 66, so the collapse is at 66. Searches 1.6 per rollout until step 40,
+    # then 1.0: the 20-step window median is 1.3 at step 50 (above 0.75 x 1.6 = 1.2) and 1.0
+    # from step 51 (eleven of twenty at 1.0), so the rule first holds at 51
+    run = tmp_path / "arm" / "seed0"
+    run.mkdir(parents=True)
+    rows = [
+        {
+            "step": s,
+            "reward/mean": 0.6 if s <= 60 else 0.2,
+            "rollout/valid_searches": 1.6 if s <= 40 else 1.0,
+        }
+        for s in range(1, 101)
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    got = search_decline.judge(run)
+    assert got["collapse"] == 66
+    assert got["at_collapse"] == "present" and got["first_present"] == 51
+    assert got["others"] == "none" and got["searches_last"] == 1.0
+    flat = tmp_path / "flat" / "seed0"
+    flat.mkdir(parents=True)
+    calm = [{"step": s, "reward/mean": 0.6, "rollout/valid_searches": 1.6} for s in range(1, 101)]
+    (flat / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in calm))
+    assert search_decline.judge(flat)["first_present"] is None
+    table = search_decline.table([got, search_decline.judge(flat)])
+    assert "Collapsed: 1, of which the signature is present at the collapse in 1." in table

@@ -42,6 +42,23 @@ def test_lld_fires_on_falling_likelihood_while_reward_holds():
     assert att.lld_rule(neg, EVENT).status == "present"
 
 
+def test_search_decline_fires_when_searches_fall_by_a_quarter_from_a_real_baseline():
+    # 1.8 searches per rollout early, 1.35 (= 0.75 x 1.8) in the window: present, at the edge
+    edge = series(rollout__valid_searches=late(1.8, 1.35))
+    f = att.search_decline_rule(edge, EVENT)
+    assert f.status == "present"
+    assert f.numbers == pytest.approx({"rollout/valid_searches": 1.35, "valid_searches_early": 1.8})
+    assert att.search_decline_rule(
+        series(rollout__valid_searches=late(1.8, 1.4)), EVENT
+    ).status == ("absent")
+    # a policy that hardly searched early cannot search less: 0.4 -> 0.1 is not judged present
+    low = series(rollout__valid_searches=late(0.4, 0.1))
+    assert att.search_decline_rule(low, EVENT).status == "absent"
+    assert att.search_decline_rule(series(reward__mean=rising_reward), EVENT).status == (
+        "not logged"
+    )
+
+
 def test_lld_absent_when_likelihood_rises_or_reward_had_already_fallen():
     healthy = series(reward__mean=rising_reward, lld__share_pos_fell=lambda s: 0.2)
     assert att.lld_rule(healthy, EVENT).status == "absent"
@@ -160,13 +177,14 @@ def test_run_events_attributes_the_collapse_and_serious_alarms_only():
         "mismatch",
         "void turns",
         "learning-rate divergence",
+        "search decline",
     }
     text = attribution_paragraph(events)
     assert "Signatures present before the collapse at step 50 (steps 31&ndash;50): LLD (" in text
     assert "before the alarm <code>displacement_decay</code> at step 40" in text
     assert "before the alarm <code>collapse</code> at step 50" in text
     assert text.count("before the collapse at step") == 1
-    assert "not logged: mismatch, void turns, learning-rate divergence" in text
+    assert "not logged: mismatch, void turns, learning-rate divergence, search decline" in text
     assert "not its established cause" in text and "stagnation" not in text
 
 

@@ -2,12 +2,15 @@
 
 Five mechanisms are known to precede GRPO collapses: lazy likelihood displacement (LLD), a
 mismatch between the sampling and the trained policy, void turns, entropy collapse or blow-up,
-and a learning rate that diverges. Each has a rule over the logged signals in the `WINDOW` steps
-up to an event; a rule reports `present`, `absent` or `not logged` with the numbers it read. The
-rules are written out in docs/diagnostics.md ("Attributing a collapse"). A present signature is
-a co-occurrence in the log, not a cause: the report words it so.
+and a learning rate that diverges. A sixth is particular to search agents: the policy searches
+less and answers before it has read what it needs. Each has a rule over the logged signals in
+the `WINDOW` steps up to an event; a rule reports `present`, `absent` or `not logged` with the
+numbers it read. The rules are written out in docs/diagnostics.md ("Attributing a collapse"). A
+present signature is a co-occurrence in the log, not a cause: the report words it so.
 
-The thresholds are round values chosen before looking at any study's runs; none was tuned.
+The thresholds are round values chosen before looking at any study's runs; none was tuned,
+except `SEARCH_DECLINE`, which was set after seeing the one run that showed the signature (see
+its docstring).
 """
 
 from __future__ import annotations
@@ -58,6 +61,14 @@ CLIP_LARGE = 0.2
 """Learning rate: an early median clipped share (low + high) at or above this."""
 GRAD_GROWTH = 10.0
 """Learning rate: a window median gradient norm at or above this multiple of the early one."""
+SEARCH_DECLINE = 0.75
+"""Search decline: a window median of valid searches per rollout at or below this share of the
+early median (a quarter fewer searches). Set after seeing the run it was added for (the
+theorem-world study's GRPO+LLDS seed 1, searches 1.8 -> 1.1 while its reward fell): in-sample
+there; the study's other seeds and the recorded runs of docs/diagnostics.md judge it."""
+SEARCH_FLOOR = 0.5
+"""Search decline: an early median below this many searches per rollout is not a baseline (a
+policy that hardly searched cannot search less)."""
 
 Status = Literal["present", "absent", "not logged"]
 Series = Mapping[str, Sequence[tuple[int, float]]]
@@ -67,7 +78,14 @@ COLLAPSE = "pre-registered collapse"
 """The kind of the event at the collapse of `report.collapse` (apart from the alarm kind
 `collapse`, which the phase detector raises)."""
 
-MECHANISMS = ("LLD", "mismatch", "void turns", "entropy", "learning-rate divergence")
+MECHANISMS = (
+    "LLD",
+    "mismatch",
+    "void turns",
+    "entropy",
+    "learning-rate divergence",
+    "search decline",
+)
 SIGNALS = (
     keys.REWARD_MEAN,
     "lld/share_pos_fell",
@@ -82,6 +100,7 @@ SIGNALS = (
     "policy/clip_frac_low",
     "policy/clip_frac_high",
     keys.GRAD_NORM,
+    "rollout/valid_searches",
 )
 """The metrics the rules read."""
 
@@ -282,7 +301,31 @@ def lr_divergence_rule(series: Series, step: int) -> Finding:
     return Finding(name, "present" if large else "absent", "; ".join(parts), nums)
 
 
-RULES = (lld_rule, mismatch_rule, void_turn_rule, entropy_rule, lr_divergence_rule)
+def search_decline_rule(series: Series, step: int) -> Finding:
+    """The policy searching less: the window median of valid searches per rollout at most
+    `SEARCH_DECLINE` x its early median, which is at least `SEARCH_FLOOR`."""
+    name, key = "search decline", "rollout/valid_searches"
+    lo = step - WINDOW + 1
+    now = _median(_values(series, key, lo, step))
+    if now is None:
+        return Finding(name, "not logged")
+    early = _early(series, key, lo)
+    if early is None:
+        return Finding(name, "absent", f"median {key} {_fmt(now)} (no early steps to compare)")
+    nums = {key: now, "valid_searches_early": early}
+    fell = early >= SEARCH_FLOOR and now <= SEARCH_DECLINE * early
+    said = f"median {key} {_fmt(now)} against {_fmt(early)} early"
+    return Finding(name, "present" if fell else "absent", said, nums)
+
+
+RULES = (
+    lld_rule,
+    mismatch_rule,
+    void_turn_rule,
+    entropy_rule,
+    lr_divergence_rule,
+    search_decline_rule,
+)
 """One rule per mechanism, in `MECHANISMS` order."""
 
 

@@ -1,0 +1,131 @@
+"""The search-decline signature on every recorded run: where it is present, and when first.
+
+The rule (`llds.report.attribution.search_decline_rule`, threshold `SEARCH_DECLINE`) was added
+after one run showed it: the theorem-world study's GRPO+LLDS seed 1, whose reward fell while
+it searched less. On that run it is in-sample. Every other run here judges it: does it fire
+before collapses of other kinds (it should say "absent" there unless the policy did search
+less), and does it fire in runs that never collapsed (a false alarm, as far as a collapse is
+the measure)?
+
+For each run: its pre-registered collapse step (`llds.report.collapse`), the rule's verdict at
+that step and the other mechanisms whose signatures are present there, the first step at which
+the rule would have said "present" had it been asked there (a scan over every step with a full
+window and baseline), and the valid searches per rollout early and at the end.
+
+    python experiments/theorem_world/search_decline.py [RUN_DIR ...] [--out FILE.md]
+
+With no RUN_DIR: every committed run log under experiments/ and the theorem-world study's live
+runs under runs/theorem_world/study.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from pathlib import Path
+
+from llds.report.attribution import (
+    COLLAPSE,
+    EARLY,
+    WINDOW,
+    attribute,
+    reward_collapse,
+    search_decline_rule,
+    signal_series,
+)
+from llds.report.study_logs import COMMITTED_LOG, run_rows
+
+ROOT = Path(__file__).resolve().parents[2]
+KEY = "rollout/valid_searches"
+
+
+def _default_runs() -> list[Path]:
+    committed = sorted(p.parent for p in (ROOT / "experiments").rglob(COMMITTED_LOG))
+    live = sorted((ROOT / "runs" / "theorem_world" / "study").glob("*/seed*"))
+    return committed + [p for p in live if (p / "metrics.jsonl").is_file()]
+
+
+def _name(run: Path) -> str:
+    try:
+        return str(run.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(run)
+
+
+def judge(run: Path) -> dict[str, object]:
+    """The rule on one run: collapse step, verdict there, first present step, searches."""
+    series = signal_series(run_rows(run))
+    searches = series.get(KEY, [])
+    steps = [s for s, _ in series.get("reward/mean", [])]
+    collapse = reward_collapse(series)
+    at_collapse = search_decline_rule(series, collapse).status if collapse else "-"
+    others = "-"
+    if collapse:
+        event = attribute(series, COLLAPSE, collapse)
+        present = [f.mechanism for f in event.with_status("present")]
+        others = ", ".join(m for m in present if m != "search decline") or "none"
+    first = next(
+        (
+            s
+            for s in steps
+            if s >= EARLY + WINDOW and search_decline_rule(series, s).status == "present"
+        ),
+        None,
+    )
+    early = [v for _, v in searches[:EARLY]]
+    late = [v for _, v in searches[-WINDOW:]]
+    return {
+        "run": _name(run),
+        "steps": steps[-1] if steps else 0,
+        "collapse": collapse,
+        "at_collapse": at_collapse if searches else "not logged",
+        "others": others,
+        "first_present": first,
+        "searches_early": statistics.median(early) if early else None,
+        "searches_last": statistics.median(late) if late else None,
+    }
+
+
+def _fmt(v: object) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.2f}" if isinstance(v, float) else str(v)
+
+
+def table(rows: list[dict[str, object]]) -> str:
+    head = [
+        "| run | steps | collapse | search decline at the collapse | other signatures there | "
+        "first step present | valid searches: early / last 20 steps |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    body = [
+        f"| {r['run']} | {r['steps']} | {_fmt(r['collapse'])} | {r['at_collapse']} | "
+        f"{r['others']} | {_fmt(r['first_present'])} | {_fmt(r['searches_early'])} / "
+        f"{_fmt(r['searches_last'])} |"
+        for r in rows
+    ]
+    collapsed = [r for r in rows if r["collapse"]]
+    calm = [r for r in rows if not r["collapse"]]
+    summary = (
+        f"\n{len(rows)} runs. Collapsed: {len(collapsed)}, of which the signature is present at "
+        f"the collapse in {sum(r['at_collapse'] == 'present' for r in collapsed)}. Never "
+        f"collapsed: {len(calm)}, of which the rule would have fired at some step in "
+        f"{sum(r['first_present'] is not None for r in calm)}.\n"
+    )
+    return "\n".join(head + body) + "\n" + summary
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("runs", nargs="*", type=Path, help="run directories (default: all recorded)")
+    p.add_argument("--out", type=Path, default=None, help="also write the table here")
+    args = p.parse_args()
+    rows = [judge(run) for run in (args.runs or _default_runs())]
+    text = table(rows)
+    print(text)
+    if args.out:
+        args.out.write_text(text, encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
