@@ -387,3 +387,44 @@ def test_noisy_displacement_runs(seed):
     assert not {"steady_decay", "collapse"} & {lab.phase for lab in healthy}
     decay = detect_phases(synthetic_rows("steady_decay", seed=seed, displacement=True))
     assert abs(first(decay, "steady_decay") - FIRST_DISP_DECAY_LABEL) <= 4
+
+
+# ------------------------------------------------------------------ search decline
+
+
+def test_search_decline_alarm_fires_once_where_the_window_median_crosses_three_quarters():
+    # reward and likelihood flat (no other alarm); 1.6 valid searches per rollout for steps
+    # 1-40, then 1.0. The early median is 1.6 (steps 1-20), the threshold 0.75 x 1.6 = 1.2.
+    # Window of steps 32-51: nine at 1.6, eleven at 1.0 -> median 1.0: first firing at 51
+    # (steps 31-50 give ten and ten -> 1.3, above 1.2).
+    rows = [
+        {
+            "step": s,
+            "reward/mean": 0.5,
+            "lld/logp_correct": -0.3,
+            "rollout/valid_searches": 1.6 if s <= 40 else 1.0,
+        }
+        for s in range(1, 121)
+    ]
+    alarms = [a for a in scan_alarms(rows) if a.kind == "search_decline"]
+    assert [a.step for a in alarms] == [51]  # held to the end: raised once, never re-armed
+    (a,) = alarms
+    assert a.severity == "warning" and not a.actionable
+    assert a.evidence["valid_searches"] == 1.0 and a.evidence["valid_searches_early"] == 1.6
+    assert a.evidence["since_step"] == 32
+    assert "1.00 valid searches per rollout over steps 32-51, against 1.60" in a.message
+
+
+def test_search_decline_needs_a_real_baseline_and_a_quarter_less():
+    def searches(early: float, late: float) -> list[dict]:
+        return [
+            {"step": s, "reward/mean": 0.5, "rollout/valid_searches": early if s <= 40 else late}
+            for s in range(1, 101)
+        ]
+
+    assert not [a for a in scan_alarms(searches(1.6, 1.25)) if a.kind == "search_decline"]
+    # a policy that hardly searched (0.4 per rollout) cannot search less
+    assert not [a for a in scan_alarms(searches(0.4, 0.0)) if a.kind == "search_decline"]
+    # logs without the metric (TRL, veRL) never raise it
+    bare = [{"step": s, "reward/mean": 0.5} for s in range(1, 101)]
+    assert not [a for a in scan_alarms(bare) if a.kind == "search_decline"]

@@ -12,7 +12,10 @@ Which kinds can stop or roll back a run (`ACTIONABLE_KINDS`):
 GRPO pushes up lose likelihood over the step's updates. `likelihood_decay` (warning) is the
 weaker reading of logs without the displacement (the rollout-time likelihood falling).
 Warning-only kinds (logged, never acted on alone, because they also occur in healthy runs):
-    stagnation, entropy_spike, grad_norm_spike, ratio_spike, nonfinite
+    stagnation, entropy_spike, grad_norm_spike, ratio_spike, nonfinite, search_decline
+`search_decline` (`llds.monitor.searches`): the agent makes a quarter fewer valid searches per
+rollout than over its first 20 steps; on the recorded runs it came long before most collapses,
+and also in runs that never collapsed.
 Spikes that come together, or with a likelihood decay or a reward drop, are escalated by the
 phase detector into the `collapse` phase, which raises the actionable `collapse` alarm.
 """
@@ -26,6 +29,7 @@ from typing import Any, Literal
 from llds import metrics as keys
 from llds.monitor.phases import PhaseConfig, PhaseLabel, PhaseTracker, Sample
 from llds.monitor.robust import as_float, median
+from llds.monitor.searches import EARLY, SEARCHES_KEY, SearchDecline, SearchDeclineTracker
 
 AlarmKind = Literal[
     "displacement_decay",
@@ -37,6 +41,7 @@ AlarmKind = Literal[
     "grad_norm_spike",
     "ratio_spike",
     "nonfinite",
+    "search_decline",
 ]
 Severity = Literal["info", "warning", "critical"]
 Policy = Literal["warn", "stop", "rollback"]
@@ -52,6 +57,7 @@ SEVERITY: dict[str, Severity] = {
     "grad_norm_spike": "warning",
     "ratio_spike": "warning",
     "nonfinite": "warning",
+    "search_decline": "warning",
 }
 ALARM_KINDS: tuple[str, ...] = tuple(SEVERITY)
 ACTIONABLE_KINDS: frozenset[str] = frozenset(
@@ -159,6 +165,7 @@ class AlarmMonitor:
         self._quiet: dict[str, int] = {}
         self._skipped: float | None = None
         self._stagnant = 0
+        self._searches = SearchDeclineTracker()
         self.alarms: list[Alarm] = []
         self.label: PhaseLabel | None = None
 
@@ -181,6 +188,7 @@ class AlarmMonitor:
             "reward_collapse": bool(ev["reward_collapsed"]),
             "stagnation": self._stagnant >= self.config.stagnation_steps,
             "nonfinite": self._nonfinite(row),
+            "search_decline": self._searches.update(step, as_float(row.get(SEARCHES_KEY))),
         }
         for name, (kind, _) in _SPIKE_KINDS.items():
             firing[kind] = name in ev["signals"]
@@ -245,6 +253,18 @@ class AlarmMonitor:
             message = (
                 f"{int(extra)} optimizer update(s) skipped at step {step} for non-finite "
                 f"loss or gradients ({total} so far)"
+            )
+        elif kind == "search_decline":
+            assert isinstance(extra, SearchDecline)
+            evidence.update(
+                valid_searches=extra.window_median,
+                valid_searches_early=extra.early_median,
+                since_step=extra.window_start,
+            )
+            message = (
+                f"the agent searches less: median {extra.window_median:.2f} valid searches per "
+                f"rollout over steps {extra.window_start}-{step}, against "
+                f"{extra.early_median:.2f} over its first {EARLY} steps"
             )
         else:
             name = next(n for n, (k, _) in _SPIKE_KINDS.items() if k == kind)

@@ -9,8 +9,8 @@ numbers it read. The rules are written out in docs/diagnostics.md ("Attributing 
 present signature is a co-occurrence in the log, not a cause: the report words it so.
 
 The thresholds are round values chosen before looking at any study's runs; none was tuned,
-except `SEARCH_DECLINE`, which was set after seeing the one run that showed the signature (see
-its docstring).
+except `SEARCH_DECLINE` (`llds.monitor.searches`), which was set after seeing the one run that
+showed the signature (see its docstring).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import Any, Literal
 from llds import metrics as keys
 from llds.monitor.alarms import Alarm
 from llds.monitor.robust import as_float
+from llds.monitor.searches import SEARCHES_KEY, declined
 from llds.report.collapse import SMOOTH, collapse_step, median_window
 
 WINDOW = 20
@@ -61,14 +62,6 @@ CLIP_LARGE = 0.2
 """Learning rate: an early median clipped share (low + high) at or above this."""
 GRAD_GROWTH = 10.0
 """Learning rate: a window median gradient norm at or above this multiple of the early one."""
-SEARCH_DECLINE = 0.75
-"""Search decline: a window median of valid searches per rollout at or below this share of the
-early median (a quarter fewer searches). Set after seeing the run it was added for (the
-theorem-world study's GRPO+LLDS seed 1, searches 1.8 -> 1.1 while its reward fell): in-sample
-there; the study's other seeds and the recorded runs of docs/diagnostics.md judge it."""
-SEARCH_FLOOR = 0.5
-"""Search decline: an early median below this many searches per rollout is not a baseline (a
-policy that hardly searched cannot search less)."""
 
 Status = Literal["present", "absent", "not logged"]
 Series = Mapping[str, Sequence[tuple[int, float]]]
@@ -100,7 +93,7 @@ SIGNALS = (
     "policy/clip_frac_low",
     "policy/clip_frac_high",
     keys.GRAD_NORM,
-    "rollout/valid_searches",
+    SEARCHES_KEY,
 )
 """The metrics the rules read."""
 
@@ -303,19 +296,22 @@ def lr_divergence_rule(series: Series, step: int) -> Finding:
 
 def search_decline_rule(series: Series, step: int) -> Finding:
     """The policy searching less: the window median of valid searches per rollout at most
-    `SEARCH_DECLINE` x its early median, which is at least `SEARCH_FLOOR`."""
-    name, key = "search decline", "rollout/valid_searches"
+    `SEARCH_DECLINE` x its early median, which is at least `SEARCH_FLOOR`
+    (`llds.monitor.searches`, the rule the live alarm uses)."""
+    name, key = "search decline", SEARCHES_KEY
     lo = step - WINDOW + 1
-    now = _median(_values(series, key, lo, step))
+    window = _values(series, key, lo, step)
+    now = _median(window)
     if now is None:
         return Finding(name, "not logged")
-    early = _early(series, key, lo)
-    if early is None:
+    first = min(s for s, _ in series[key])
+    verdict = declined(_values(series, key, first, min(first + EARLY - 1, lo - 1)), window)
+    if verdict is None:
         return Finding(name, "absent", f"median {key} {_fmt(now)} (no early steps to compare)")
+    present, early, _ = verdict
     nums = {key: now, "valid_searches_early": early}
-    fell = early >= SEARCH_FLOOR and now <= SEARCH_DECLINE * early
     said = f"median {key} {_fmt(now)} against {_fmt(early)} early"
-    return Finding(name, "present" if fell else "absent", said, nums)
+    return Finding(name, "present" if present else "absent", said, nums)
 
 
 RULES = (

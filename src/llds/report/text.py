@@ -14,6 +14,7 @@ from typing import Any
 
 from llds import metrics as keys
 from llds.monitor.alarms import AlarmConfig
+from llds.monitor.searches import SEARCH_DECLINE, SEARCH_FLOOR, SEARCHES_KEY
 from llds.report.attribution import COLLAPSE, WINDOW, Event, Finding
 from llds.report.plots import (
     DISPLACEMENT,
@@ -127,7 +128,11 @@ def _alarm_text(cfg: AlarmConfig) -> str:
         "<dt>stagnation <small>(info)</small></dt><dd>"
         f"{cfg.stagnation_steps} stagnation steps in a row.</dd>"
         "<dt>nonfinite <small>(warning)</small></dt><dd>optimizer updates were skipped for a "
-        "non-finite loss or gradient.</dd></dl>"
+        "non-finite loss or gradient.</dd>"
+        "<dt>search_decline <small>(warning)</small></dt><dd>the 20-step median of valid "
+        f"searches per rollout ({_code(SEARCHES_KEY)}) at most {SEARCH_DECLINE:g}&times; its "
+        f"median over the run's first 20 steps (which is at least {SEARCH_FLOOR:g}): the agent "
+        "searches less than it did.</dd></dl>"
         "<p class='muted'>The first four can stop or roll back a run "
         "(<code>diagnostics.on_alarm: stop</code> or <code>rollback</code>); the others only "
         "warn, since they also occur in healthy runs.</p>"
