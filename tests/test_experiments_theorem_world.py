@@ -206,3 +206,11 @@ def test_search_decline_table_reads_a_run_log_by_hand(tmp_path: Path) -> None:
     assert search_decline.judge(flat)["first_present"] is None
     table = search_decline.table([got, search_decline.judge(flat)])
     assert "Collapsed: 1, of which the signature is present at the collapse in 1." in table
+
+
+def test_window_means_of_reward_and_searches_by_hand() -> None:
+    rows = [_row(s, reward=0.2 if s <= 25 else 0.6) for s in range(1, 51)]
+    for r in rows[:10]:
+        r["rollout/valid_searches"] = 2.0  # steps 1-10 only: the window's mean is over those
+    assert tables.window_means(rows, "reward/mean", steps=75) == pytest.approx([0.2, 0.6, None])
+    assert tables.window_means(rows, "rollout/valid_searches", steps=50) == [2.0, None]

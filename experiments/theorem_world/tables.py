@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from llds import metrics as keys
+from llds.monitor.alarms import scan_alarms
+from llds.monitor.searches import SEARCHES_KEY
 from llds.report.collapse import collapse_step
 from llds.report.pooled import median_over_seeds, step_counts
 
@@ -129,6 +131,22 @@ def window_shares(rows: Rows, collapse: int | None, steps: int = STEPS) -> list[
     return out
 
 
+def window_means(rows: Rows, key: str, steps: int = STEPS) -> list[float | None]:
+    """The mean of `key` over each window's logged steps (None for a window without any): the
+    training reward and the valid searches per rollout, read beside the window shares."""
+    out = []
+    for lo in range(1, steps + 1, WINDOW):
+        vals = [
+            v
+            for r in rows
+            if lo <= r["step"] < lo + WINDOW
+            for v in [_num(r, key)]
+            if v is not None
+        ]
+        out.append(sum(vals) / len(vals) if vals else None)
+    return out
+
+
 def probe_steps(rows: Rows) -> list[dict[str, Any]]:
     """Every in-run probe: high- and low-accuracy mixed groups and the share of each with drag
     over pull, and the share of correct responses whose first-order change is negative."""
@@ -206,6 +224,11 @@ def run_summary(rows: Rows, warm_em: float | None = None) -> dict[str, Any]:
         "lld_probe_step": probe_hit,
         "lld": window_hit is not None or probe_hit is not None,
         "em": em,
+        "reward_by_window": window_means(rows, keys.REWARD_MEAN),
+        "searches_by_window": window_means(rows, SEARCHES_KEY),
+        "search_decline_step": next(
+            (a.step for a in scan_alarms(rows) if a.kind == "search_decline"), None
+        ),
         "medians": {
             "approx_kl": _median([_num(r, APPROX_KL) for r in rows]),
             "clip_frac": _median(clip),
@@ -347,6 +370,28 @@ def study_summary(
                 for w in r["windows"]
             ]
             md.append(f"| {arm} | {seed} | " + " | ".join(cells) + " |")
+    md += [
+        "",
+        "## Training reward / valid searches per rollout (means per window)",
+        "",
+        "Read beside the shares: a fall of the reward, and whether the agent searches less. "
+        "`search_decline` is the step of the monitor's warning (a quarter fewer valid searches "
+        "than over the first 20 steps; added after seed 1's GRPO+LLDS run, see "
+        "docs/diagnostics.md), `-` if it never fired.",
+        "",
+        "| arm | seed | search_decline | "
+        + " | ".join(f"{lo}-{lo + WINDOW - 1}" for lo in range(1, STEPS + 1, WINDOW))
+        + " |",
+        "|---|---|---|" + "---|" * (STEPS // WINDOW),
+    ]
+    for arm, by_seed in runs.items():
+        for seed, r in sorted(by_seed.items()):
+            cells = [
+                "-" if rw is None else f"{rw:.2f} / {_fmt(sr, '.2f')}"
+                for rw, sr in zip(r["reward_by_window"], r["searches_by_window"], strict=True)
+            ]
+            first = r["search_decline_step"] or "-"
+            md.append(f"| {arm} | {seed} | {first} | " + " | ".join(cells) + " |")
     md += [
         "",
         "## Probe (first order, groups of 8 on 64 fixed training questions)",
