@@ -33,11 +33,14 @@ def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def test_the_arms_differ_in_llds_alone_and_keep_the_protocols_settings(tmp_path) -> None:
     runs = _planned("study", "--work", tmp_path, "--lr", "3e-4")
     assert [(r["run_dir"].split("/")[-2], r["seed"]) for r in runs] == [
-        (arm, s) for s in (1, 2, 3) for arm in ("grpo", "grpo-llds")
+        (arm, s) for s in (1, 2, 3) for arm in ("grpo", "grpo-llds", "grpo-llds-ma")
     ]
-    grpo, llds = _flat(runs[0]), _flat(runs[1])
+    grpo, llds, ma = _flat(runs[0]), _flat(runs[1]), _flat(runs[2])
     changed = {k for k in grpo if grpo[k] != llds[k]}
     assert changed == {"run_dir", "algo.llds.enabled"} and llds["algo.llds.coef"] == 0.2
+    # version 3's arm: LLDS with the answer span weighted by the paper's schedule, nothing else
+    assert {k for k in llds if llds[k] != ma[k]} == {"run_dir", "algo.llds.mask_answer"}
+    assert ma["algo.llds.mask_answer"] is True and ma["algo.llds.answer_weight"] is None
     assert grpo["rollout.group_size"] == 8 and grpo["prompts_per_step"] == 40
     assert grpo["optim.mini_batches"] == 10 and grpo["optim.minibatch_order"] == "rollout"
     assert grpo["optim.epochs"] == 1 and grpo["optim.lr"] == 3e-4 and grpo["steps"] == 300
@@ -108,18 +111,46 @@ def test_lld_rule_two_needs_five_high_accuracy_groups_and_ten_percent() -> None:
     assert r["probes"][0]["groups_hi"] == 10 and r["probes"][0]["correct"] == 40
 
 
-def _summary(lld: bool, fell: int, em: float) -> dict:
+def _summary(lld: bool, fell: int, em: float, decline: int | None = None) -> dict:
     return {
         "lld": lld,
         "pooled_before_fall": {"all": {"fell": fell, "responses": 1000}},
         "em": {300: em},
+        "search_decline_step": decline,
     }
 
 
-def _answers(grpo, llds, complete=True):
+def _answers(grpo, llds, complete=True, ma=None):
     runs = {"grpo": dict(enumerate(grpo, 1)), "grpo-llds": dict(enumerate(llds, 1))}
+    if ma is not None:
+        runs["grpo-llds-ma"] = dict(enumerate(ma, 1))
     done = {arm: {s: complete for s in by_seed} for arm, by_seed in runs.items()}
     return tables.answers(runs, done)
+
+
+def test_version_three_search_questions_follow_their_rules() -> None:
+    calm = [_summary(False, 100, 0.5)] * 3
+    declining = [_summary(False, 100, 0.3, decline=150)] * 2 + [_summary(False, 100, 0.5)]
+    got = _answers(calm, declining)
+    assert got["llds_searches_less"].startswith("yes: search_decline in 2 of 3 grpo-llds runs")
+    assert got["llds_ma_prevents_it"] == "pending" and "llds_ma" not in got
+    # LLDS-MA: the warning in 1 of 3 runs and EM 0.45 >= LLDS's mean (0.3 + 0.3 + 0.5) / 3
+    ma = [_summary(False, 100, 0.45, decline=200)] + [_summary(False, 100, 0.45)] * 2
+    got = _answers(calm, declining, ma=ma)
+    assert got["llds_ma_prevents_it"].startswith("LLDS-MA prevents LLDS's search decline")
+    lower = [_summary(False, 100, 0.35)] * 3  # no warning, but EM below LLDS's 0.367
+    assert _answers(calm, declining, ma=lower)["llds_ma_prevents_it"].startswith("it does not")
+    # GRPO searching less too (2 of 3): the answer is no, and LLDS-MA is not asked
+    also = [_summary(False, 100, 0.5, decline=100)] * 2 + [_summary(False, 100, 0.5)]
+    got = _answers(also, declining, ma=ma)
+    assert got["llds_searches_less"].startswith("no:") and got["llds_ma_prevents_it"] == (
+        "not asked"
+    )
+    # LLDS-MA against LLD: version 1's conditions with LLDS-MA in LLDS's place
+    lld = [_summary(True, 300, 0.5)] * 3
+    got = _answers(lld, calm, ma=[_summary(False, 200, 0.5)] * 3)  # 600/3000 > half of 900
+    assert got["llds"] == "LLDS prevents it" and got["llds_ma"] == "LLDS-MA does not prevent it"
+    assert got["conditions_ma"]["pooled_share_at_most_half"][0] is False
 
 
 def test_the_answers_follow_the_pre_registered_rules() -> None:
@@ -128,10 +159,8 @@ def test_the_answers_follow_the_pre_registered_rules() -> None:
     assert _answers(lld, calm)["llds"] == "LLDS prevents it"
     assert _answers(lld, calm, complete=False)["lld_under_grpo"] == "pending"
     one = [_summary(True, 300, 0.5)] + [_summary(False, 300, 0.5)] * 2
-    assert _answers(one, calm) == {
-        "lld_under_grpo": "no: LLD in 1 of 3 grpo runs",
-        "llds": "not testable",
-    }
+    got = _answers(one, calm)
+    assert (got["lld_under_grpo"], got["llds"]) == ("no: LLD in 1 of 3 grpo runs", "not testable")
     still = [_summary(True, 100, 0.5)] * 2 + [_summary(False, 100, 0.5)]
     assert _answers(lld, still)["llds"] == "LLDS reduces but does not prevent it"
     worse_em = [_summary(False, 100, 0.44)] * 3  # 0.06 below GRPO's 0.5

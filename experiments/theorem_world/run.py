@@ -34,7 +34,7 @@ from llds.train.config import load_config
 from tables import STEPS, calibration_summary, study_summary
 
 HERE = Path(__file__).resolve().parent
-ARMS = {"grpo": "base.yaml", "grpo-llds": "grpo-llds.yaml"}
+ARMS = {"grpo": "base.yaml", "grpo-llds": "grpo-llds.yaml", "grpo-llds-ma": "grpo-llds-ma.yaml"}
 STUDY_SEEDS = (1, 2, 3)
 CALIBRATION_SEEDS = (101, 102)
 CALIBRATION_RATES = (1e-4, 3e-4, 1e-3, 3e-3)

@@ -244,57 +244,99 @@ def run_summary(rows: Rows, warm_em: float | None = None) -> dict[str, Any]:
 # --- the answers ----------------------------------------------------------------------------
 
 
+def _pooled_share(arm_runs: Mapping[int, Mapping[str, Any]]) -> float | None:
+    fell = sum(r["pooled_before_fall"]["all"]["fell"] for r in arm_runs.values())
+    n = sum(r["pooled_before_fall"]["all"]["responses"] for r in arm_runs.values())
+    return fell / n if n else None
+
+
+def _final_em(arm_runs: Mapping[int, Mapping[str, Any]]) -> float | None:
+    ems = [r["em"].get(STEPS) for r in arm_runs.values()]
+    return None if not ems or None in ems else sum(ems) / len(ems)
+
+
+def _is_complete(complete: Mapping[str, Mapping[int, bool]], arm: str, runs: Mapping) -> bool:
+    return bool(runs.get(arm)) and all(complete.get(arm, {}).values())
+
+
+def _prevention(
+    grpo: Mapping[int, Mapping[str, Any]], arm_runs: Mapping[int, Mapping[str, Any]], name: str
+) -> tuple[str, dict[str, list[Any]]]:
+    """Version 1's three "LLDS prevents it" conditions for one LLDS arm against GRPO."""
+    arm_lld = sum(r["lld"] for r in arm_runs.values())
+    share_g, share_a = _pooled_share(grpo), _pooled_share(arm_runs)
+    em_g, em_a = _final_em(grpo), _final_em(arm_runs)
+    c1 = arm_lld <= 1
+    c2 = share_g is not None and share_a is not None and share_a <= LLDS_SHARE_RATIO * share_g
+    c3 = em_g is not None and em_a is not None and em_a >= em_g - LLDS_EM_MARGIN
+    if c1 and c2 and c3:
+        verdict = f"{name} prevents it"
+    elif c2 and c3:
+        verdict = f"{name} reduces but does not prevent it"
+    else:
+        verdict = f"{name} does not prevent it"
+    conditions = {
+        "lld_in_at_most_one_run": [c1, arm_lld],
+        "pooled_share_at_most_half": [c2, share_a, share_g],
+        "em_at_300_not_below_by_more_than_0.05": [c3, em_a, em_g],
+    }
+    return verdict, conditions
+
+
+def search_answers(
+    runs: Mapping[str, Mapping[int, Mapping[str, Any]]],
+    complete: Mapping[str, Mapping[int, bool]],
+) -> dict[str, str]:
+    """Version 3's questions: does LLDS search less, and does LLDS-MA prevent it."""
+    if not all(_is_complete(complete, a, runs) for a in ("grpo", "grpo-llds")):
+        return {"llds_searches_less": "pending", "llds_ma_prevents_it": "pending"}
+
+    def fired(arm: str) -> int:
+        return sum(r["search_decline_step"] is not None for r in runs[arm].values())
+
+    n_grpo, n_llds = fired("grpo"), fired("grpo-llds")
+    counts = f"search_decline in {n_llds} of {len(runs['grpo-llds'])} grpo-llds runs and " + (
+        f"{n_grpo} of {len(runs['grpo'])} grpo runs"
+    )
+    if not (n_llds >= 2 and n_grpo <= 1):
+        return {"llds_searches_less": f"no: {counts}", "llds_ma_prevents_it": "not asked"}
+    out = {"llds_searches_less": f"yes: {counts}"}
+    if not _is_complete(complete, "grpo-llds-ma", runs):
+        return {**out, "llds_ma_prevents_it": "pending"}
+    n_ma = fired("grpo-llds-ma")
+    em_ma, em_l = _final_em(runs["grpo-llds-ma"]), _final_em(runs["grpo-llds"])
+    kept = n_ma <= 1 and em_ma is not None and em_l is not None and em_ma >= em_l
+    said = f"search_decline in {n_ma} of {len(runs['grpo-llds-ma'])}; EM at 300 {em_ma} vs {em_l}"
+    verdict = "LLDS-MA prevents LLDS's search decline" if kept else "it does not"
+    return {**out, "llds_ma_prevents_it": f"{verdict} ({said})"}
+
+
 def answers(
     runs: Mapping[str, Mapping[int, Mapping[str, Any]]],
     complete: Mapping[str, Mapping[int, bool]],
 ) -> dict[str, Any]:
     """The protocol's answers, from complete runs only (`pending` until all are)."""
-    grpo, llds = runs.get("grpo", {}), runs.get("grpo-llds", {})
-    if not grpo or not all(complete["grpo"].values()):
-        return {"lld_under_grpo": "pending", "llds": "pending"}
+    searches = search_answers(runs, complete)
+    grpo = runs.get("grpo", {})
+    if not _is_complete(complete, "grpo", runs):
+        return {"lld_under_grpo": "pending", "llds": "pending", **searches}
     grpo_lld = sum(r["lld"] for r in grpo.values())
     if grpo_lld < 2:
         return {
             "lld_under_grpo": f"no: LLD in {grpo_lld} of {len(grpo)} grpo runs",
             "llds": "not testable",
+            **searches,
         }
-    head = f"yes: LLD in {grpo_lld} of {len(grpo)} grpo runs"
-    if not llds or not all(complete.get("grpo-llds", {}).values()):
-        return {"lld_under_grpo": head, "llds": "pending"}
-
-    def pooled(arm_runs: Mapping[int, Mapping[str, Any]]) -> float | None:
-        fell = sum(r["pooled_before_fall"]["all"]["fell"] for r in arm_runs.values())
-        n = sum(r["pooled_before_fall"]["all"]["responses"] for r in arm_runs.values())
-        return fell / n if n else None
-
-    def final_em(arm_runs: Mapping[int, Mapping[str, Any]]) -> float | None:
-        ems = [r["em"].get(STEPS) for r in arm_runs.values()]
-        return None if None in ems else sum(ems) / len(ems)
-
-    llds_lld = sum(r["lld"] for r in llds.values())
-    share_g, share_l = pooled(grpo), pooled(llds)
-    em_g, em_l = final_em(grpo), final_em(llds)
-    c1 = llds_lld <= 1
-    c2 = share_g is not None and share_l is not None and share_l <= LLDS_SHARE_RATIO * share_g
-    c3 = em_g is not None and em_l is not None and em_l >= em_g - LLDS_EM_MARGIN
-    if c1 and c2 and c3:
-        verdict = "LLDS prevents it"
-    elif c2 and c3:
-        verdict = "LLDS reduces but does not prevent it"
-    else:
-        verdict = "LLDS does not prevent it"
-    return {
-        "lld_under_grpo": head,
-        "llds": verdict,
-        "conditions": {
-            "lld_in_at_most_one_llds_run": [c1, llds_lld],
-            "pooled_share_at_most_half": [c2, share_l, share_g],
-            "em_at_300_not_below_by_more_than_0.05": [c3, em_l, em_g],
-        },
+    out: dict[str, Any] = {
+        "lld_under_grpo": f"yes: LLD in {grpo_lld} of {len(grpo)} grpo runs",
+        "llds": "pending",
+        **searches,
     }
-
-
-# --- the whole study ------------------------------------------------------------------------
+    if _is_complete(complete, "grpo-llds", runs):
+        out["llds"], out["conditions"] = _prevention(grpo, runs["grpo-llds"], "LLDS")
+    if _is_complete(complete, "grpo-llds-ma", runs):
+        out["llds_ma"], out["conditions_ma"] = _prevention(grpo, runs["grpo-llds-ma"], "LLDS-MA")
+    return out
 
 
 def _warm_em(eval_root: Path | None) -> float | None:
@@ -423,6 +465,14 @@ def study_summary(
     if "conditions" in result:
         for name, value in result["conditions"].items():
             md.append(f"  - {name}: {value}")
+    if "llds_ma" in result:
+        md.append(f"- LLDS-MA against LLD: {result['llds_ma']}")
+        for name, value in result["conditions_ma"].items():
+            md.append(f"  - {name}: {value}")
+    md += [
+        f"- Does LLDS search less (version 3): {result['llds_searches_less']}",
+        f"- Does LLDS-MA prevent it: {result['llds_ma_prevents_it']}",
+    ]
     if warm is not None:
         md += ["", f"Warm start held-out EM (step 0 of every run): {warm:.3f}."]
     return {
