@@ -56,7 +56,8 @@ def sample_next_token(
         return (scores + gumbel).argmax(dim=-1)
     probs = torch.softmax(scores, dim=-1)
     if generator is not None and generator.device != probs.device:
-        # a generator lives on one device: draw where it lives (the same draws on any device)
+        # a generator draws only on its own device (a seeded CPU generator with a GPU model, as
+        # `llds probe` makes one): sample there and bring the tokens back
         return (
             torch.multinomial(probs.to(generator.device), 1, generator=generator)
             .squeeze(-1)
