@@ -24,6 +24,7 @@ import argparse
 import statistics
 from pathlib import Path
 
+from llds.monitor.alarms import scan_alarms
 from llds.report.attribution import (
     COLLAPSE,
     EARLY,
@@ -54,7 +55,8 @@ def _name(run: Path) -> str:
 
 def judge(run: Path) -> dict[str, object]:
     """The rule on one run: collapse step, verdict there, first present step, searches."""
-    series = signal_series(run_rows(run))
+    rows = run_rows(run)
+    series = signal_series(rows)
     searches = series.get(KEY, [])
     steps = [s for s, _ in series.get("reward/mean", [])]
     collapse = reward_collapse(series)
@@ -64,14 +66,8 @@ def judge(run: Path) -> dict[str, object]:
         event = attribute(series, COLLAPSE, collapse)
         present = [f.mechanism for f in event.with_status("present")]
         others = ", ".join(m for m in present if m != "search decline") or "none"
-    first = next(
-        (
-            s
-            for s in steps
-            if s >= EARLY + WINDOW and search_decline_rule(series, s).status == "present"
-        ),
-        None,
-    )
+    # the monitor's own warning: the rule asked at every step, as in a live run
+    first = next((a.step for a in scan_alarms(rows) if a.kind == "search_decline"), None)
     early = [v for _, v in searches[:EARLY]]
     late = [v for _, v in searches[-WINDOW:]]
     return {

@@ -47,11 +47,12 @@ from llds.report.warm_start import (
     sample_groups,
 )
 from llds.retrieval.factory import build_retriever
-from llds.rollout import RolloutBatch, RolloutConfig
+from llds.rollout import RolloutBatch
 from llds.sft import tiny_model_and_tokenizer
 from llds.sft.config import load_sft_config
 from llds.sft.data import build_expert_episodes
 from llds.sft.trainer import sft_train
+from warm_start import rollout_config
 
 
 def _args() -> argparse.Namespace:
@@ -73,18 +74,6 @@ def _args() -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--smoke", action="store_true", help="tiny random model, tiny counts")
     return p.parse_args()
-
-
-def _rollout(cfg: Any, group_size: int) -> RolloutConfig:
-    return RolloutConfig(
-        group_size=group_size,
-        max_turns=cfg.eval_max_turns,
-        max_turn_tokens=96,
-        max_obs_tokens=cfg.max_obs_tokens,
-        max_total_tokens=1536,
-        topk=cfg.topk,
-        temperature=1.0,
-    )
 
 
 def _high_mixed(batch: RolloutBatch) -> int:
@@ -176,7 +165,7 @@ def main() -> None:
     report["checks"] = []
     save("warm start: trajectories built")
 
-    check_rollout = _rollout(cfg, 8)
+    check_rollout = rollout_config(cfg, 8)
     sft_deadline = started + 0.55 * args.budget_s
     done, met = 0, False
     while done < args.max_sft_steps and not met and time.perf_counter() < sft_deadline:
@@ -223,7 +212,7 @@ def main() -> None:
         tok,
         retriever,
         world.train[: args.max_questions],
-        _rollout(cfg, args.group_size),
+        rollout_config(cfg, args.group_size),
         seed=args.seed + 1,
         questions_per_chunk=8,
     )

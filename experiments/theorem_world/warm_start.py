@@ -89,15 +89,16 @@ def _command_args(args: argparse.Namespace) -> str:
     return " ".join(parts)
 
 
-def _rollout(cfg: Any, args: argparse.Namespace) -> RolloutConfig:
+def rollout_config(cfg: Any, group_size: int, temperature: float = 1.0) -> RolloutConfig:
+    """How a warm start on this world is sampled for its measurements (the SmolLM2 probe too)."""
     return RolloutConfig(
-        group_size=args.group_size,
+        group_size=group_size,
         max_turns=cfg.eval_max_turns,
         max_turn_tokens=96,
         max_obs_tokens=cfg.max_obs_tokens,
         max_total_tokens=1536,
         topk=cfg.topk,
-        temperature=args.temperature,
+        temperature=temperature,
     )
 
 
@@ -130,7 +131,7 @@ def main() -> None:
     expert_entropy = sum(
         think_entropy(by_id[e.example_id], cfg.think_bank) for e in episodes
     ) / sum(e.num_action_tokens for e in episodes)
-    rollout = _rollout(cfg, args)
+    rollout = rollout_config(cfg, args.group_size, args.temperature)
     max_steps = args.max_steps or cfg.steps
     checks: list[dict[str, Any]] = []
     done, stopped = 0, False
@@ -214,7 +215,7 @@ def remeasure(args: argparse.Namespace, work: Path, results: Path) -> None:
         tok,
         retriever,
         world.train[: args.final_questions],
-        _rollout(cfg, args),
+        rollout_config(cfg, args.group_size, args.temperature),
         seed=args.seed + 1,
         probe_groups=args.probe_groups,
     )
