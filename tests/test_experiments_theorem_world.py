@@ -243,3 +243,33 @@ def test_window_means_of_reward_and_searches_by_hand() -> None:
         r["rollout/valid_searches"] = 2.0  # steps 1-10 only: the window's mean is over those
     assert tables.window_means(rows, "reward/mean", steps=75) == pytest.approx([0.2, 0.6, None])
     assert tables.window_means(rows, "rollout/valid_searches", steps=50) == [2.0, None]
+
+
+def test_seed_spread_gives_median_mean_and_standard_error_by_hand() -> None:
+    got = tables.seed_spread([0.0, 0.585, 0.355])
+    # mean 0.94/3; squared deviations 0.098178 + 0.073803 + 0.001736 = 0.173717;
+    # s.d.^2 = 0.173717 / 2; se = sqrt(0.0868583 / 3)
+    assert got["median"] == pytest.approx(0.355)
+    assert got["mean"] == pytest.approx(0.313333, abs=1e-6)
+    assert got["se"] == pytest.approx(0.170155, abs=1e-6)
+    assert tables.seed_spread([0.4])["se"] is None
+    assert tables.seed_spread([])["median"] is None
+
+
+def test_arm_over_seeds_keeps_every_complete_seed_and_leaves_partial_ones_out() -> None:
+    def run(fell: int, n: int, em: float | None, collapse: int | None) -> dict[str, Any]:
+        ems = {} if em is None else {tables.STEPS: em}
+        return {
+            "pooled_before_fall": {"all": {"fell": fell, "responses": n}},
+            "em": ems,
+            "collapse": collapse,
+        }
+
+    by_seed = {1: run(45, 100, 0.0, 196), 2: run(30, 60, 0.6, None), 3: run(1, 2, None, None)}
+    got = tables.arm_over_seeds(by_seed, {1: True, 2: True, 3: False})
+    assert got["seeds"] == [1, 2]
+    assert got["share"] == pytest.approx([0.45, 0.5])
+    assert got["share_spread"]["median"] == pytest.approx(0.475)
+    assert got["share_spread"]["se"] == pytest.approx(0.025)  # s.d. 0.03536 / sqrt(2)
+    assert got["em_300"] == [0.0, 0.6]
+    assert got["collapses"] == [196, None]

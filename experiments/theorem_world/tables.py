@@ -339,6 +339,44 @@ def answers(
     return out
 
 
+def seed_spread(values: Sequence[float]) -> dict[str, float | None]:
+    """Median, mean and one standard error of the mean (sample s.d. / sqrt(n)) over seeds: the
+    per-seed values are always printed beside these, so the spread is never hidden."""
+    n = len(values)
+    if n == 0:
+        return {"median": None, "mean": None, "se": None}
+    mean = sum(values) / n
+    se = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n) if n > 1 else None
+    return {"median": _median(list(values)), "mean": mean, "se": se}
+
+
+def arm_over_seeds(
+    by_seed: Mapping[int, Mapping[str, Any]], done: Mapping[int, bool]
+) -> dict[str, Any]:
+    """One arm's complete runs side by side: the pooled share before any fall and the held-out
+    EM at step 300 per seed, with their median, mean and standard error, and the collapses."""
+    seeds = sorted(s for s in by_seed if done.get(s))
+    shares = [by_seed[s]["pooled_before_fall"]["all"] for s in seeds]
+    share_values = [_share(d["fell"], d["responses"]) for d in shares]
+    ems = [by_seed[s]["em"].get(STEPS) for s in seeds]
+    return {
+        "seeds": seeds,
+        "share": share_values,
+        "share_spread": seed_spread([v for v in share_values if v is not None]),
+        "em_300": ems,
+        "em_spread": seed_spread([v for v in ems if v is not None]),
+        "collapses": [by_seed[s]["collapse"] for s in seeds],
+    }
+
+
+def _spread_md(values: Sequence[float | None], spread: Mapping[str, float | None]) -> str:
+    each = " / ".join(_fmt(v) for v in values)
+    if spread["median"] is None:
+        return each or "-"
+    se = "" if spread["se"] is None else f" ± {spread['se']:.3f}"
+    return f"{each}; median {spread['median']:.3f}, mean {spread['mean']:.3f}{se}"
+
+
 def _warm_em(eval_root: Path | None) -> float | None:
     if eval_root is None:
         return None
@@ -457,6 +495,24 @@ def study_summary(
                 )
     md += [
         "",
+        "## Per arm over seeds (complete runs only)",
+        "",
+        "Each cell: every seed's value in seed order; then their median, and their mean ± one "
+        "standard error (sample s.d. / sqrt(seeds)).",
+        "",
+        "| arm | seeds | pooled share fell before any fall | held-out EM at 300 | collapse |",
+        "|---|---|---|---|---|",
+    ]
+    spreads = {arm: arm_over_seeds(by_seed, done[arm]) for arm, by_seed in runs.items()}
+    for arm, a in spreads.items():
+        collapses = " / ".join(str(c) if c else "none" for c in a["collapses"]) or "-"
+        md.append(
+            f"| {arm} | {', '.join(map(str, a['seeds'])) or '-'} "
+            f"| {_spread_md(a['share'], a['share_spread'])} "
+            f"| {_spread_md(a['em_300'], a['em_spread'])} | {collapses} |"
+        )
+    md += [
+        "",
         "## Answers (pre-registered rules; complete runs only)",
         "",
         f"- LLD under GRPO: {result['lld_under_grpo']}",
@@ -476,6 +532,12 @@ def study_summary(
     if warm is not None:
         md += ["", f"Warm start held-out EM (step 0 of every run): {warm:.3f}."]
     return {
-        "json": {"runs": runs, "complete": done, "answers": result, "warm_em": warm},
+        "json": {
+            "runs": runs,
+            "complete": done,
+            "per_arm": spreads,
+            "answers": result,
+            "warm_em": warm,
+        },
         "markdown": "\n".join(md) + "\n",
     }
