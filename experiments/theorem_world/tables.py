@@ -8,6 +8,7 @@ median of per-step shares; every share comes with its counts.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -339,15 +340,15 @@ def answers(
     return out
 
 
-def seed_spread(values: Sequence[float]) -> dict[str, float | None]:
-    """Median, mean and one standard error of the mean (sample s.d. / sqrt(n)) over seeds: the
-    per-seed values are always printed beside these, so the spread is never hidden."""
-    n = len(values)
-    if n == 0:
+def seed_spread(values: Sequence[float | None]) -> dict[str, float | None]:
+    """Median, mean and one standard error of the mean (sample s.d. / sqrt(n)) over the seeds'
+    known values: the per-seed values are always printed beside these, so the spread is never
+    hidden."""
+    known = [v for v in values if v is not None]
+    if not known:
         return {"median": None, "mean": None, "se": None}
-    mean = sum(values) / n
-    se = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n) if n > 1 else None
-    return {"median": _median(list(values)), "mean": mean, "se": se}
+    se = statistics.stdev(known) / math.sqrt(len(known)) if len(known) > 1 else None
+    return {"median": _median(known), "mean": statistics.mean(known), "se": se}
 
 
 def arm_over_seeds(
@@ -362,9 +363,9 @@ def arm_over_seeds(
     return {
         "seeds": seeds,
         "share": share_values,
-        "share_spread": seed_spread([v for v in share_values if v is not None]),
+        "share_spread": seed_spread(share_values),
         "em_300": ems,
-        "em_spread": seed_spread([v for v in ems if v is not None]),
+        "em_spread": seed_spread(ems),
         "collapses": [by_seed[s]["collapse"] for s in seeds],
     }
 
