@@ -54,6 +54,12 @@ class RolloutConfig:
     """sample among the k likeliest tokens; 0 = off"""
     kv_reuse: bool = True
     """keep the KV cache across turns instead of re-encoding the conversation"""
+    cache: Literal["auto", "static", "dynamic"] = "auto"
+    """decode loop: `static` keeps each chunk's keys/values in a preallocated cache and its
+    token loop on the model's device (Llama-family models: llama, qwen2, qwen3, mistral, full
+    attention; not under FSDP); `dynamic` runs transformers' own forward and cache with a host
+    round trip per token (any model). Both sample the same tokens for seeded requests. `auto`:
+    static where it serves the model (and `kv_reuse` is on), else dynamic"""
     max_rows: int = Field(default=64, ge=1)
     """rows generated concurrently (bounds memory; more rows per forward is faster)"""
     dtype: Literal["bfloat16", "float16", "float32"] | None = None

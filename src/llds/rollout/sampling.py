@@ -1,16 +1,17 @@
 """Next-token sampling: temperature, top-k, top-p (nucleus), or greedy.
 
-With one generator per row (Gumbel-max sampling), what a rollout samples depends only on its
-own seed and logits, not on which other rows share its batch: the same step gives the same
-rollouts on 1 process or 8, with any generation chunk size.
+With a seed per row (Gumbel-max sampling over counter-based noise, `llds.rollout.noise`), what
+a rollout samples depends only on its own seed, the position it samples at and its logits, not
+on which other rows share its batch: the same step gives the same rollouts on 1 process or 8,
+with any generation chunk size, on the eager and on the static-cache decode loop.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 from torch import Tensor
+
+from llds.rollout.noise import gumbel_noise
 
 
 def filter_logits(scores: Tensor, *, top_k: int = 0, top_p: float = 1.0) -> Tensor:
@@ -35,25 +36,29 @@ def sample_next_token(
     top_k: int = 0,
     top_p: float = 1.0,
     generator: torch.Generator | None = None,
-    row_generators: Sequence[torch.Generator] | None = None,
+    row_seeds: Tensor | None = None,
+    positions: Tensor | None = None,
 ) -> Tensor:
     """Sample one token per row from `logits [N, V]`; `temperature == 0` picks the argmax.
 
-    `row_generators` (one per row) switches to Gumbel-max sampling with per-row noise:
-    `argmax(scores / T + Gumbel)` is an exact sample of `softmax(scores / T)`.
+    `row_seeds` (int64 `[N]`, with the `positions [N]` each row samples at) switches to
+    Gumbel-max sampling with per-row counter-based noise: `argmax(scores / T + Gumbel)` is an
+    exact sample of `softmax(scores / T)`.
     """
     if temperature == 0:
         return logits.argmax(dim=-1)
     scores = filter_logits(logits.float() / temperature, top_k=top_k, top_p=top_p)
-    if row_generators is not None:
-        if len(row_generators) != scores.shape[0]:
-            raise ValueError(f"{len(row_generators)} generators for {scores.shape[0]} rows")
-        v = scores.shape[-1]
-        u = torch.stack([torch.rand(v, generator=g, device=g.device) for g in row_generators]).to(
-            scores.device
-        )
-        gumbel = -torch.log(-torch.log(u.clamp(min=1e-20, max=1.0 - 1e-7)))
-        return (scores + gumbel).argmax(dim=-1)
+    if row_seeds is not None:
+        rows = (scores.shape[0],)
+        if positions is None or tuple(row_seeds.shape) != rows or tuple(positions.shape) != rows:
+            got = None if positions is None else tuple(positions.shape)
+            raise ValueError(
+                f"row_seeds and positions must both have shape {rows}, got "
+                f"{tuple(row_seeds.shape)} and {got}"
+            )
+        device = scores.device
+        noise = gumbel_noise(row_seeds.to(device), positions.to(device), scores.shape[-1])
+        return (scores + noise).argmax(dim=-1)
     probs = torch.softmax(scores, dim=-1)
     if generator is not None and generator.device != probs.device:
         # a generator draws only on its own device (a seeded CPU generator with a GPU model, as

@@ -1,0 +1,230 @@
+"""A decode forward of Llama-family models over a static key/value cache.
+
+Why: a transformers forward at decode time is bound by the host, not by arithmetic. For the
+theorem world's 4-layer model at 64 rows one eager decode step costs about 15 ms on a CPU core,
+almost all of it Python, mask building and the growing `DynamicCache`; on a GPU a 0.5B model's
+eager step costs 20 ms while reading its weights takes 0.24 ms. This module runs the same
+layers (the model's own modules and weights, so LoRA adapters and autocast apply as usual) in
+a fixed-shape loop:
+
+- the cache is preallocated once per chunk: `[rows, kv_heads, capacity, head_dim]` per layer;
+- slot `t` of a row holds the token at position `t` of that row's sequence, so a row's
+  position ids are its slot indices and its mask is causal in slot order: no padding holes,
+  no mask or position cumsum per token;
+- every row writes every step (a row that has stopped rewrites its next free slot, which the
+  next prefill overwrites), so shapes never change and the step can be compiled or captured.
+
+The logits are those of the transformers forward to float rounding (tests compare them to
+1e-5 in float32). Supported: decoder-only models of the Llama layout, full attention only
+(`SUPPORTED_MODEL_TYPES`); `static_decode_unsupported` says why another model is not.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from llds.models.kv_cache import transformers_model_in
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
+"""Model types whose layers are input norm -> attention (q/k/v/o projections, rotary, grouped
+query heads, optional q/k norms) -> residual -> norm -> MLP -> residual."""
+
+KEY_BUCKET = 64
+"""Keys are read up to the longest row's length rounded up to this: few distinct shapes for a
+compiled step, at most 63 masked columns read per step."""
+
+
+def static_decode_unsupported(model: nn.Module) -> str | None:
+    """None when `StaticDecoder` serves `model`; else why not, in one phrase."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if any(isinstance(m, FSDPModule) for m in model.modules()):
+        return "the model is sharded with FSDP"
+    inner = transformers_model_in(model)
+    if inner is None:
+        return "not a transformers model"
+    if model is not inner and not _lora_wrapper(model):
+        # a wrapper's own forward may change what the model computes: only run it
+        return f"{type(model).__name__} wraps the transformers model"
+    config = inner.config
+    kind = getattr(config, "model_type", None)
+    if kind not in SUPPORTED_MODEL_TYPES:
+        return f"model_type {kind!r} is not one of {SUPPORTED_MODEL_TYPES}"
+    kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
+    window = (
+        getattr(config, "sliding_window", None)
+        if getattr(config, "use_sliding_window", True)
+        else None
+    )
+    if kinds != {"full_attention"} or window:
+        return f"layers {sorted(kinds)} with sliding_window={window}: full attention only"
+    if getattr(config, "pretraining_tp", 1) not in (None, 1):
+        return "pretraining_tp > 1"
+    return None
+
+
+def _lora_wrapper(model: nn.Module) -> bool:
+    """A peft model whose adapters are all LoRA: they live in the wrapped layers' projections,
+    so running those layers runs the adapters (other peft methods change the forward)."""
+    configs = getattr(model, "peft_config", None)
+    if not isinstance(configs, dict) or not configs:
+        return False
+    return all(str(getattr(c, "peft_type", "")).endswith("LORA") for c in configs.values())
+
+
+def _rotate_half(x: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class StaticDecoder:
+    """The forward of one transformers Llama-family model over a cache of fixed capacity.
+
+    `prefill(ids, lengths, starts)` writes row `b`'s `lengths[b]` tokens at slots
+    `starts[b]..` and returns the logits after its last one; `step(tokens, positions)` writes
+    one token per row at slot `positions[b]` and returns the next logits. Both return float32
+    `[rows, vocab]`.
+    """
+
+    def __init__(self, model: nn.Module, rows: int, capacity: int) -> None:
+        reason = static_decode_unsupported(model)
+        if reason is not None:
+            raise ValueError(f"static decoding does not serve this model: {reason}")
+        inner = transformers_model_in(model)
+        self.body = inner.model
+        self.lm_head = inner.lm_head
+        self.layers = list(self.body.layers)
+        config = inner.config
+        self.heads = config.num_attention_heads
+        self.kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.rows, self.capacity = rows, capacity
+        self.keys: list[Tensor] = []
+        self.values: list[Tensor] = []
+        self.slots = None  # arange(capacity), made with the cache
+
+    # ------------------------------------------------------------------ cache
+    def _allocate(self, like: Tensor) -> None:
+        shape = (self.rows, self.kv_heads, self.capacity, self.head_dim)
+        # zeros, not empty: a masked column gets weight 0, and 0 * NaN garbage would be NaN
+        self.keys = [like.new_zeros(shape) for _ in self.layers]
+        self.values = [like.new_zeros(shape) for _ in self.layers]
+        self.slots = torch.arange(self.capacity, device=like.device)
+
+    def copy_rows(self, source: Tensor, target: Tensor, width: int) -> None:
+        """Copy slots `[0, width)` of rows `source` onto rows `target` (a group's shared
+        prompt, prefilled once)."""
+        for cache in (*self.keys, *self.values):
+            cache[target, :, :width] = cache[source, :, :width]
+
+    def select_rows(self, index: Tensor) -> None:
+        """Keep only cache rows `index` (in that order): finished rollouts leave the batch."""
+        self.keys = [k[index] for k in self.keys]
+        self.values = [v[index] for v in self.values]
+        self.rows = int(index.numel())
+
+    # ------------------------------------------------------------------ forward
+    def prefill(self, ids: Tensor, lengths: Tensor, starts: Tensor, rows: Tensor) -> Tensor:
+        """Cache row `rows[i]` gets the `lengths[i] >= 1` real tokens of `ids[i]` at slots
+        `starts[i] + j`; padding columns write to the spare last slot. Returns the logits after
+        each row's last real token."""
+        cols = torch.arange(ids.shape[1], device=ids.device)
+        real = cols[None, :] < lengths[:, None]
+        positions = starts[:, None] + cols[None, :]
+        write = torch.where(real, positions, self.capacity - 1)
+        hidden = self._layers(ids, positions, write, int((starts + lengths).max()), rows)
+        last = hidden[torch.arange(ids.shape[0], device=ids.device), lengths - 1]
+        return self._logits(last)
+
+    def step(self, tokens: Tensor, positions: Tensor) -> Tensor:
+        """One token per row at slot `positions[b]`; returns `[rows, vocab]` float32 logits."""
+        pos = positions[:, None]
+        keys_to = min(self.capacity, -(-(int(positions.max()) + 1) // KEY_BUCKET) * KEY_BUCKET)
+        return self._logits(self._layers(tokens[:, None], pos, pos, keys_to, None)[:, 0])
+
+    def _logits(self, hidden: Tensor) -> Tensor:
+        return self.lm_head(self.body.norm(hidden)).float()
+
+    def _layers(
+        self, ids: Tensor, positions: Tensor, write: Tensor, keys_to: int, rows: Tensor | None
+    ) -> Tensor:
+        """Run every layer on `ids [R, W]` at `positions`, writing keys/values at `write`
+        (both `[R, W]`) of cache rows `rows` (None: all, in order) and attending to slots
+        `< keys_to` causally."""
+        hidden = self.body.embed_tokens(ids)
+        cos, sin = self.body.rotary_emb(hidden, positions)
+        cos, sin = cos[:, None], sin[:, None]
+        if not self.keys:
+            self._allocate(self._probe_kv_dtype(hidden))
+        keys_to = max(1, min(keys_to, self.capacity))
+        mask = (self.slots[:keys_to][None, None, :] <= positions[:, :, None])[:, None]
+        every = rows is None
+        if every:
+            rows = torch.arange(ids.shape[0], device=ids.device)
+        for layer, k_cache, v_cache in zip(self.layers, self.keys, self.values, strict=True):
+            hidden = hidden + self._attention(
+                layer,
+                layer.input_layernorm(hidden),
+                cos,
+                sin,
+                (k_cache, v_cache),
+                (rows, every),
+                write,
+                mask,
+                keys_to,
+            )
+            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        return hidden
+
+    def _probe_kv_dtype(self, hidden: Tensor) -> Tensor:
+        """A tensor in the dtype the key projection yields here (autocast included)."""
+        attn = self.layers[0].self_attn
+        return attn.k_proj(self.layers[0].input_layernorm(hidden[:1, :1]))
+
+    def _attention(
+        self,
+        layer: nn.Module,
+        x: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        cache: tuple[Tensor, Tensor],
+        rows: tuple[Tensor, bool],
+        write: Tensor,
+        mask: Tensor,
+        keys_to: int,
+    ) -> Tensor:
+        attn = layer.self_attn
+        batch, width, _ = x.shape
+        q = attn.q_proj(x).view(batch, width, self.heads, self.head_dim)
+        k = attn.k_proj(x).view(batch, width, self.kv_heads, self.head_dim)
+        v = attn.v_proj(x).view(batch, width, self.kv_heads, self.head_dim)
+        if getattr(attn, "q_norm", None) is not None:  # Qwen3: per-head norms before rotary
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        k_cache, v_cache = cache
+        index, every = rows
+        # [R, W, KVH, D] into slots write[i, w] of cache row index[i]
+        k_cache[index[:, None], :, write] = k.transpose(1, 2).to(k_cache.dtype)
+        v_cache[index[:, None], :, write] = v.transpose(1, 2).to(v_cache.dtype)
+        keys, values = k_cache[:, :, :keys_to], v_cache[:, :, :keys_to]
+        if not every:
+            keys, values = keys[index], values[index]
+        out = F.scaled_dot_product_attention(
+            q.to(k_cache.dtype),
+            keys,
+            values,
+            attn_mask=mask,
+            scale=attn.scaling,
+            enable_gqa=self.heads != self.kv_heads,
+        )
+        return attn.o_proj(out.transpose(1, 2).reshape(batch, width, -1))
+
+    def state(self) -> dict[str, Any]:
+        """Sizes, for logs and tests."""
+        return {"rows": self.rows, "capacity": self.capacity, "layers": len(self.layers)}
