@@ -41,7 +41,16 @@ def world_tokenizer(world, vocab_size: int = 2000):
 
 
 def single_turn_config(
-    run_dir: str, *, prompts: int, group: int, tokens: int, algo, optim, dtype: str = "float32"
+    run_dir: str,
+    *,
+    prompts: int,
+    group: int,
+    tokens: int,
+    algo,
+    optim,
+    dtype: str = "float32",
+    device: str = "auto",
+    cache: str = "auto",
 ):
     """A validated TrainConfig for a timing benchmark: in-memory model and questions, one turn
     of exactly `tokens` generated tokens per completion (no retrieval), no logging, no
@@ -61,7 +70,7 @@ def single_turn_config(
         steps=10**9,
         save_every=10**9,
         prompts_per_step=prompts,
-        model=ModelConfig(path="in-memory", chat=False, dtype=dtype),
+        model=ModelConfig(path="in-memory", chat=False, dtype=dtype, device=device),
         data=DataConfig(train="in-memory", prompt_template=SINGLE_TURN_TEMPLATE),
         rollout=RolloutConfig(
             group_size=group,
@@ -71,6 +80,7 @@ def single_turn_config(
             max_total_tokens=4096,
             temperature=1.0,
             max_rows=prompts * group,
+            cache=cache,
         ),
         algo=algo,
         optim=optim,

@@ -5,7 +5,8 @@ The `smollm2-wiki` preset's rollouts as its trainer makes them: zero-shot SmolLM
 on trivia questions, BM25 over the Wikipedia summaries (top 3), 2 questions x 4 rollouts of up
 to 2 searches, sampled at temperature 1 with the trainer's per-row seeds, from a bf16 copy of
 the policy (`rollout.dtype: bfloat16`). The two arms differ only in the copy's attention kernel
-(`rollout.attn_implementation`: `eager`, or `llds_grouped` with its preallocated KV cache). Each
+(`rollout.attn_implementation`: `eager`, or `llds_grouped` with its preallocated KV cache), on
+the eager decode loop (`rollout.cache=dynamic`: the static loop runs its own attention). Each
 round gives both arms the requests of one training step (step `round` of the preset's question
 stream), alternating which goes first; their rollouts must be identical token for token
 (checked: else the script stops), so the work is equal. Median over `--rounds` rounds.
@@ -54,7 +55,7 @@ def main() -> None:
                 make_sampling_copy(trainer.model, "bfloat16", kernel),
                 trainer.tokenizer,
                 retriever,
-                dataclasses.replace(cfg.rollout, topk=cfg.retriever.topk),
+                dataclasses.replace(cfg.rollout, topk=cfg.retriever.topk, cache="dynamic"),
             )
             for kernel in KERNELS
         }

@@ -50,6 +50,7 @@ def main() -> None:
             max_obs_tokens=120,
             max_total_tokens=2048,
             kv_reuse=reuse,
+            cache="dynamic",  # the eager loop in both modes: only the reuse differs
         )
         engine = RolloutEngine(model, tok, retriever, cfg)
         batch = engine.generate(reqs)

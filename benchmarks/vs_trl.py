@@ -18,7 +18,14 @@ completion tokens (P x G x N) plus the real (unpadded) prompt + completion token
 through the optimizer forward+backward; the old-log-prob pass is not counted.
 
     python benchmarks/vs_trl.py [--prompts 8] [--group 4] [--tokens 64] [--mini-batches 2]
-                                [--repeats 3] [--model tiny|smollm2]
+                                [--repeats 3] [--model tiny|smollm2] [--cache auto|dynamic]
+                                [--device cpu|cuda] [--shape qwen2.5-0.5b]
+
+`--shape qwen2.5-0.5b` gives the tiny model Qwen2.5-0.5B's body (hidden 896, 24 layers, 14/2
+heads, MLP 4864) with the organism's vocabulary; on a GPU:
+`python benchmarks/vs_trl.py --device cuda --shape qwen2.5-0.5b --prompts 16 --tokens 128
+--mini-batches 4 --repeats 2`. `--cache dynamic` runs the native trainer's eager decode loop
+(the comparison before the static loop).
 """
 
 from __future__ import annotations
@@ -55,7 +62,17 @@ def build_model(args: argparse.Namespace) -> tuple[Any, Any, list]:
         from llds.models import tiny_causal_lm_for
 
         tok = world_tokenizer(world)
-        model = tiny_causal_lm_for(tok, hidden_size=args.hidden, num_layers=args.layers)
+        if args.shape == "qwen2.5-0.5b":
+            model = tiny_causal_lm_for(
+                tok,
+                hidden_size=896,
+                num_layers=24,
+                num_heads=14,
+                num_kv_heads=2,
+                intermediate_size=4864,
+            )
+        else:
+            model = tiny_causal_lm_for(tok, hidden_size=args.hidden, num_layers=args.layers)
     # exactly P questions: both trainers then see the same prompts in every step
     return model, tok, list(world.train[: args.prompts])
 
@@ -75,6 +92,8 @@ def run_native(model, tok, examples, args, run_dir: str, old_logprobs: str) -> d
         optim=OptimConfig(
             lr=args.lr, weight_decay=0.0, grad_clip=1.0, mini_batches=args.mini_batches
         ),
+        device=args.device,
+        cache=args.cache,
     )
     trainer = NativeTrainer(cfg, model=model, tokenizer=tok, train_examples=examples, resume=False)
     times, parts = [], []
@@ -150,7 +169,7 @@ def run_trl(model, tok, examples, args, run_dir: str) -> dict[str, Any]:
         weight_decay=0.0,
         max_grad_norm=1.0,
         optim="adamw_torch_fused",
-        use_cpu=True,
+        use_cpu=args.device == "cpu",
         bf16=False,  # TRL defaults to bf16 autocast and activation checkpointing: ours does
         gradient_checkpointing=False,  # neither here, so both are off for equal work
         seed=0,
@@ -195,11 +214,15 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-5)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (both trainers)")
+    ap.add_argument("--shape", choices=("tiny", "qwen2.5-0.5b"), default="tiny")
+    ap.add_argument("--cache", choices=("auto", "dynamic"), default="auto", help="native loop")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore", category=UserWarning)
 
     model, tok, examples = build_model(args)
+    model.to(args.device)  # the native trainer keeps an in-memory model where it is
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for mode in ("auto", "recompute"):
@@ -217,9 +240,11 @@ def main() -> None:
     name = (
         "SmolLM2-135M"
         if args.model == "smollm2"
+        else "Qwen2.5-0.5B-shaped Qwen2 (random init)"
+        if args.shape == "qwen2.5-0.5b"
         else (f"tiny Qwen2 hidden {args.hidden} x {args.layers} layers")
     )
-    print(f"machine: {machine()}")
+    print(f"machine: {machine()}; device {args.device}; native decode loop {args.cache}")
     print(f"command: `python benchmarks/vs_trl.py {' '.join(sys.argv[1:])}`".strip())
     print(
         f"{name} ({params / 1e6:.1f}M params, vocab {len(tok)}), {args.prompts} prompts x "

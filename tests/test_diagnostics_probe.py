@@ -272,7 +272,7 @@ def test_llds_in_the_probe_is_zero_on_the_first_update_and_acts_after(
     from llds.algo.llds import llds_gate, preserving_mask
 
     model, batch, _, _ = _mixed_group(small_world, world_tokenizer, world_retriever)
-    lr = 0.2  # large enough that two updates lower an action of the correct response
+    lr = 0.4  # large enough that two updates lower an action of the correct response
     one = probe_group(model, batch, lr=lr, updates=1, llds_coef=0.0)
     one_llds = probe_group(model, batch, lr=lr, updates=1, llds_coef=1.0)
     assert torch.equal(one.new, one_llds.new)  # pi_theta == pi_old: the penalty is exactly 0

@@ -76,7 +76,8 @@ class RolloutConfig:
     `attn_implementation`, e.g. `eager`, which decoded bf16 faster than `sdpa` on the CPU
     measured, or `llds_grouped`, llds's grouped-query attention over a preallocated KV cache,
     faster still there (`llds.models.grouped_attention`; full-attention models only; measured
-    on a CPU only); null keeps the policy's"""
+    on a CPU only); null keeps the policy's. Used by the eager loop (`cache: dynamic`) only:
+    the static loop runs its own attention"""
 
     def __post_init__(self) -> None:
         if self.min_turn_tokens > self.max_turn_tokens:

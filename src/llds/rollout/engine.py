@@ -132,6 +132,8 @@ class RolloutEngine:
         if any(s is None for s in seeds) and not all(s is None for s in seeds):
             raise ValueError("either every RolloutRequest has a seed or none has")
         if seeds[0] is None:
+            if self.config.temperature == 0:  # greedy: no noise is drawn, no stream consumed
+                return torch.zeros(len(seeds), dtype=torch.long, device=self._device())
             drawn = torch.randint(0, 1 << 62, (len(seeds),), generator=generator)
             return drawn.to(self._device())
         return torch.tensor(seeds, dtype=torch.long, device=self._device())

@@ -1,0 +1,180 @@
+"""The static-cache decode loop against the eager one and against transformers' forward."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from conftest import make_tiny_model, rollout_requests, tag_happy
+from llds.errors import ConfigError
+from llds.models.static_decoder import StaticDecoder, static_decode_unsupported
+from llds.rollout import RolloutConfig, RolloutEngine
+
+
+def _tiny(arch: str, vocab: int = 300):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from llds.models.tiny import tiny_causal_lm
+
+    if arch != "qwen3":
+        return tiny_causal_lm(
+            vocab, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, arch=arch
+        )
+    torch.manual_seed(0)
+    config = Qwen3Config(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+    )
+    return Qwen3ForCausalLM(config)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama", "qwen3"])
+def test_static_decoder_logits_equal_the_transformers_forward(arch):
+    """Rows of different lengths, prefilled in two pieces (the second on a subset of rows, as
+    an observation is) and then decoded token by token: every logit row equals the full
+    forward's at that position to 1e-5."""
+    model = _tiny(arch).eval()
+    torch.manual_seed(1)
+    lengths = [9, 14, 6]
+    seqs = [torch.randint(0, 300, (n + 8,)) for n in lengths]
+    with torch.no_grad():
+        want = [model(input_ids=s[None]).logits[0].float() for s in seqs]
+        dec = StaticDecoder(model, rows=3, capacity=64)
+        first = [4, 7, 3]
+        ids = torch.zeros(3, 7, dtype=torch.long)
+        for r, n in enumerate(first):
+            ids[r, :n] = seqs[r][:n]
+        got = dec.prefill(
+            ids, torch.tensor(first), torch.zeros(3, dtype=torch.long), torch.arange(3)
+        )
+        for r, n in enumerate(first):
+            assert torch.allclose(got[r], want[r][n - 1], atol=1e-5)
+        # the rest of rows 0 and 2 as one piece (row 1 waits), then row 1's
+        for rows in ([0, 2], [1]):
+            rest = [lengths[r] - first[r] for r in rows]
+            ids = torch.zeros(len(rows), max(rest), dtype=torch.long)
+            for i, r in enumerate(rows):
+                ids[i, : rest[i]] = seqs[r][first[r] : lengths[r]]
+            got = dec.prefill(
+                ids, torch.tensor(rest), torch.tensor([first[r] for r in rows]), torch.tensor(rows)
+            )
+            for i, r in enumerate(rows):
+                assert torch.allclose(got[i], want[r][lengths[r] - 1], atol=1e-5)
+        for k in range(8):
+            tokens = torch.stack([seqs[r][lengths[r] + k] for r in range(3)])
+            positions = torch.tensor([n + k for n in lengths])
+            got = dec.step(tokens, positions)
+            for r in range(3):
+                assert torch.allclose(got[r], want[r][lengths[r] + k], atol=1e-5)
+
+
+def _engine(model, tok, retriever, cache, *, check_every=None, compact=None, **cfg):
+    base = dict(max_turns=2, max_turn_tokens=24, max_obs_tokens=48, max_total_tokens=320, topk=2)
+    base.update(cfg)
+    engine = RolloutEngine(model, tok, retriever, RolloutConfig(cache=cache, **base))
+    if check_every is not None:
+        engine.check_every = check_every
+    if compact is not None:
+        engine.compact = compact
+    return engine
+
+
+def _same(a, b) -> bool:
+    for x, y in zip(a.episodes, b.episodes, strict=True):
+        if (x.response_ids, x.action_mask, x.stop_reason, x.context_capped, x.num_turns) != (
+            y.response_ids,
+            y.action_mask,
+            y.stop_reason,
+            y.context_capped,
+            y.num_turns,
+        ):
+            return False
+        if max((abs(p - q) for p, q in zip(x.logprobs, y.logprobs, strict=True)), default=0) > 1e-5:
+            return False
+    return True
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {},
+        {"temperature": 0.0},
+        {"top_p": 0.8, "top_k": 20},
+        {"min_turn_tokens": 10},
+        {"max_total_tokens": 120},
+        {"max_rows": 5},
+    ],
+)
+def test_static_loop_samples_what_the_eager_loop_samples(
+    small_world, world_tokenizer, world_retriever, settings
+):
+    """Same seeds, same rollouts: token for token, the same stops, caps and masks, and the
+    same sampling log-probs; also when the host looks only every 7 or 16 tokens (rows then
+    decode past a stop tag and are rolled back) and when finished rows stay in the cache."""
+    tok = world_tokenizer
+    model = tag_happy(make_tiny_model(tok, seed=1), tok)
+    reqs = [
+        dataclasses.replace(r, seed=1000 + i)
+        for i, r in enumerate(rollout_requests(small_world, tok, n=24))
+    ]
+    eager = _engine(model, tok, world_retriever, "dynamic", **settings).generate(reqs)
+    reasons = {e.stop_reason for e in eager.episodes}
+    assert len(reasons) >= 2 or settings.get("temperature") == 0.0  # the branches are exercised
+    for every, compact in ((1, True), (7, True), (16, False)):
+        engine = _engine(
+            model, tok, world_retriever, "static", check_every=every, compact=compact, **settings
+        )
+        assert engine.cache == "static"
+        assert _same(eager, engine.generate(reqs)), (every, compact)
+
+
+def test_unseeded_requests_draw_their_seeds_from_the_generator(
+    small_world, world_tokenizer, world_retriever
+):
+    tok = world_tokenizer
+    model = tag_happy(make_tiny_model(tok, seed=1), tok)
+    reqs = rollout_requests(small_world, tok, n=12)
+    runs = {}
+    for cache in ("dynamic", "static"):
+        engine = _engine(model, tok, world_retriever, cache)
+        runs[cache] = engine.generate(reqs, generator=torch.Generator().manual_seed(5))
+    assert _same(runs["dynamic"], runs["static"])
+    engine = _engine(model, tok, world_retriever, "static")
+    other = engine.generate(reqs, generator=torch.Generator().manual_seed(6))
+    assert not _same(runs["static"], other)
+
+
+def test_auto_takes_static_where_it_serves_and_static_names_why_not(world_tokenizer):
+    tok = world_tokenizer
+    model = make_tiny_model(tok)
+    cfg = RolloutConfig(max_turns=0)
+    assert RolloutEngine(model, tok, None, cfg).cache == "static"
+    assert RolloutEngine(model, tok, None, dataclasses.replace(cfg, kv_reuse=False)).cache == (
+        "dynamic"
+    )
+
+    class Wrapper(torch.nn.Module):  # its own forward could change the logits
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+    wrapped = Wrapper(model)
+    assert "wraps" in static_decode_unsupported(wrapped)
+    assert RolloutEngine(wrapped, tok, None, cfg).cache == "dynamic"
+    with pytest.raises(ConfigError, match="rollout.cache=static.*wraps"):
+        RolloutEngine(wrapped, tok, None, dataclasses.replace(cfg, cache="static"))
+    gpt2 = _gpt2(len(tok))
+    assert "model_type 'gpt2'" in static_decode_unsupported(gpt2)
+
+
+def _gpt2(vocab: int):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    return GPT2LMHeadModel(GPT2Config(vocab_size=vocab, n_embd=32, n_layer=1, n_head=2))
