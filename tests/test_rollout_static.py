@@ -168,7 +168,7 @@ def test_auto_takes_static_where_it_serves_and_static_names_why_not(world_tokeni
     wrapped = Wrapper(model)
     assert "wraps" in static_decode_unsupported(wrapped)
     assert RolloutEngine(wrapped, tok, None, cfg).cache == "dynamic"
-    with pytest.raises(ConfigError, match="rollout.cache=static.*wraps"):
+    with pytest.raises(ConfigError, match=r"rollout\.cache=static.*wraps"):
         RolloutEngine(wrapped, tok, None, dataclasses.replace(cfg, cache="static"))
     gpt2 = _gpt2(len(tok))
     assert "model_type 'gpt2'" in static_decode_unsupported(gpt2)
