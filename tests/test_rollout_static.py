@@ -70,7 +70,7 @@ def test_static_decoder_logits_equal_the_transformers_forward(arch):
         for k in range(8):
             tokens = torch.stack([seqs[r][lengths[r] + k] for r in range(3)])
             positions = torch.tensor([n + k for n in lengths])
-            got = dec.step(tokens, positions)
+            got = dec.step(tokens, positions, int(positions.max()) + 1)
             for r in range(3):
                 assert torch.allclose(got[r], want[r][lengths[r] + k], atol=1e-5)
 
@@ -178,3 +178,21 @@ def _gpt2(vocab: int):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     return GPT2LMHeadModel(GPT2Config(vocab_size=vocab, n_embd=32, n_layer=1, n_head=2))
+
+
+def test_compiled_step_samples_what_the_eager_loop_samples(
+    small_world, world_tokenizer, world_retriever
+):
+    tok = world_tokenizer
+    model = tag_happy(make_tiny_model(tok, seed=1), tok)
+    reqs = [
+        dataclasses.replace(r, seed=77 + i)
+        for i, r in enumerate(rollout_requests(small_world, tok, n=6))
+    ]
+    settings = {"max_turns": 1, "max_turn_tokens": 12}
+    eager = _engine(model, tok, world_retriever, "dynamic", **settings).generate(reqs)
+    compiled = _engine(model, tok, world_retriever, "static", compile=True, **settings)
+    assert compiled.compact is False  # fixed shapes: one graph per key bucket
+    assert _same(eager, compiled.generate(reqs))
+    with pytest.raises(ValueError, match="compile"):
+        RolloutConfig(cache="dynamic", compile=True)

@@ -34,8 +34,10 @@ SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 query heads, optional q/k norms) -> residual -> norm -> MLP -> residual."""
 
 KEY_BUCKET = 64
-"""Keys are read up to the longest row's length rounded up to this: few distinct shapes for a
-compiled step, at most 63 masked columns read per step."""
+"""Keys are read up to the longest row's length rounded up to this: at most 63 masked columns
+read per step."""
+COMPILED_KEY_BUCKET = 512
+"""The same for a compiled step: one graph per 512 positions of context."""
 
 
 def static_decode_unsupported(model: nn.Module) -> str | None:
@@ -90,7 +92,9 @@ class StaticDecoder:
     `[rows, vocab]`.
     """
 
-    def __init__(self, model: nn.Module, rows: int, capacity: int) -> None:
+    def __init__(
+        self, model: nn.Module, rows: int, capacity: int, *, compile: bool = False
+    ) -> None:
         reason = static_decode_unsupported(model)
         if reason is not None:
             raise ValueError(f"static decoding does not serve this model: {reason}")
@@ -106,6 +110,13 @@ class StaticDecoder:
         self.keys: list[Tensor] = []
         self.values: list[Tensor] = []
         self.slots = None  # arange(capacity), made with the cache
+        self.bucket = COMPILED_KEY_BUCKET if compile else KEY_BUCKET
+        self._step = self._decode
+        if compile:
+            # one graph per key bucket (and row count); on a GPU with CUDA graphs: the step's
+            # launches replayed at once instead of one host call per kernel
+            mode = "reduce-overhead" if next(model.parameters()).is_cuda else None
+            self._step = torch.compile(self._decode, mode=mode, dynamic=False)
 
     # ------------------------------------------------------------------ cache
     def _allocate(self, like: Tensor) -> None:
@@ -121,11 +132,16 @@ class StaticDecoder:
         for cache in (*self.keys, *self.values):
             cache[target, :, :width] = cache[source, :, :width]
 
-    def select_rows(self, index: Tensor) -> None:
-        """Keep only cache rows `index` (in that order): finished rollouts leave the batch."""
-        self.keys = [k[index] for k in self.keys]
-        self.values = [v[index] for v in self.values]
-        self.rows = int(index.numel())
+    def gather_rows(self, index: Tensor, upto: int) -> None:
+        """Row `i` of the cache becomes (slots `[0, upto)` of) what row `index[i]` was, in
+        place: rollouts that go on move to the front, so the step reads a contiguous prefix of
+        rows. Slots past `upto` keep stale values, which no query reaches (each row's keys
+        past its length are masked, and overwritten before they are read)."""
+        if not self.keys:
+            return
+        upto = min(upto, self.capacity)
+        for cache in (*self.keys, *self.values):
+            cache[: index.numel(), :, :upto] = cache[index, :, :upto]
 
     # ------------------------------------------------------------------ forward
     def prefill(self, ids: Tensor, lengths: Tensor, starts: Tensor, rows: Tensor) -> Tensor:
@@ -140,10 +156,15 @@ class StaticDecoder:
         last = hidden[torch.arange(ids.shape[0], device=ids.device), lengths - 1]
         return self._logits(last)
 
-    def step(self, tokens: Tensor, positions: Tensor) -> Tensor:
-        """One token per row at slot `positions[b]`; returns `[rows, vocab]` float32 logits."""
+    def step(self, tokens: Tensor, positions: Tensor, bound: int) -> Tensor:
+        """One token for each of the first `n = len(tokens)` cache rows, at slot
+        `positions[b] < bound` (the caller's bound: no host sync here); returns `[n, vocab]`
+        float32 logits."""
+        keys_to = min(self.capacity, -(-bound // self.bucket) * self.bucket)
+        return self._step(tokens, positions, keys_to)
+
+    def _decode(self, tokens: Tensor, positions: Tensor, keys_to: int) -> Tensor:
         pos = positions[:, None]
-        keys_to = min(self.capacity, -(-(int(positions.max()) + 1) // KEY_BUCKET) * KEY_BUCKET)
         return self._logits(self._layers(tokens[:, None], pos, pos, keys_to, None)[:, 0])
 
     def _logits(self, hidden: Tensor) -> Tensor:
@@ -153,7 +174,7 @@ class StaticDecoder:
         self, ids: Tensor, positions: Tensor, write: Tensor, keys_to: int, rows: Tensor | None
     ) -> Tensor:
         """Run every layer on `ids [R, W]` at `positions`, writing keys/values at `write`
-        (both `[R, W]`) of cache rows `rows` (None: all, in order) and attending to slots
+        (both `[R, W]`) of cache rows `rows` (None: the first R, in order) and attending to slots
         `< keys_to` causally."""
         hidden = self.body.embed_tokens(ids)
         cos, sin = self.body.rotary_emb(hidden, positions)
@@ -212,9 +233,10 @@ class StaticDecoder:
         # [R, W, KVH, D] into slots write[i, w] of cache row index[i]
         k_cache[index[:, None], :, write] = k.transpose(1, 2).to(k_cache.dtype)
         v_cache[index[:, None], :, write] = v.transpose(1, 2).to(v_cache.dtype)
-        keys, values = k_cache[:, :, :keys_to], v_cache[:, :, :keys_to]
-        if not every:
-            keys, values = keys[index], values[index]
+        if every:  # the first `batch` rows, in order: a view of the cache
+            keys, values = k_cache[:batch, :, :keys_to], v_cache[:batch, :, :keys_to]
+        else:
+            keys, values = k_cache[index, :, :keys_to], v_cache[index, :, :keys_to]
         q = q.to(k_cache.dtype)
         if width == 1:
             out = self._decode_attention(q, keys, values, mask, attn.scaling)

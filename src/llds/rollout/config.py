@@ -60,6 +60,11 @@ class RolloutConfig:
     attention; not under FSDP); `dynamic` runs transformers' own forward and cache with a host
     round trip per token (any model). Both sample the same tokens for seeded requests. `auto`:
     static where it serves the model (and `kv_reuse` is on), else dynamic"""
+    compile: bool = False
+    """`torch.compile` the static loop's decode step (CUDA graphs on a GPU), one graph per 512
+    positions of context; the first chunk pays the compilation. Off by default: on a CPU it
+    measured no faster (the step is bound by reading the cache), and on a GPU it is not yet
+    measured here"""
     max_rows: int = Field(default=64, ge=1)
     """rows generated concurrently (bounds memory; more rows per forward is faster)"""
     dtype: Literal["bfloat16", "float16", "float32"] | None = None
@@ -85,6 +90,8 @@ class RolloutConfig:
                 "min_turn_tokens",
                 f"{self.min_turn_tokens} is more than max_turn_tokens={self.max_turn_tokens}",
             )
+        if self.compile and self.cache == "dynamic":
+            raise Invalid("compile", "compiles the static loop's step: needs cache=static or auto")
         if self.attn_implementation is not None and self.dtype is None:
             raise Invalid(
                 "attn_implementation",

@@ -28,6 +28,10 @@ from llds.rollout.sampling import sample_next_token
 from llds.rollout.stopping import StopChecker
 from llds.rollout.turn_tokens import TurnTokens
 
+SHRINK = 0.75
+"""Active rows move to the front of the cache once at most this share of the computed rows is
+still in its turn (a gather of the used cache, paid back within a few steps)."""
+
 
 class StaticSession:
     """The rows of one chunk on one static cache, from the prompts to the last turn."""
@@ -49,7 +53,9 @@ class StaticSession:
     ) -> None:
         self.cfg = config
         self.device = next(model.parameters()).device
-        self.decoder = StaticDecoder(model, len(prompts), config.max_total_tokens + 1)
+        self.decoder = StaticDecoder(
+            model, len(prompts), config.max_total_tokens + 1, compile=config.compile
+        )
         self.seeds = seeds.to(self.device)
         self.stop = stop
         self.pad_id = pad_id
@@ -101,55 +107,76 @@ class StaticSession:
 
     # ------------------------------------------------------------------ one turn
     def decode_turn(self, budgets: Sequence[int]) -> list[TurnTokens]:
-        """Sample one turn for every live row, `budgets[i]` tokens at most for live row `i`
-        (0: the row gets no turn); returns the live rows' turns in order."""
-        cfg, dev = self.cfg, self.device
+        """Sample one turn for every live rollout, `budgets[i]` tokens at most for live
+        rollout `i` (0: it gets no turn); returns the live rollouts' turns in order.
+
+        With `compact`, rows whose turn is over leave the computed prefix of the cache once at
+        most `SHRINK` of it is still active: they move behind the active rows (their last token
+        then leads the next prefill), so a step reads and computes only the active rows."""
+        dev = self.device
         total = self.lengths.numel()
         budget = torch.zeros(total, dtype=torch.long, device=dev)
-        budget[self.live] = torch.tensor(budgets, dtype=torch.long, device=dev)
+        budget[torch.tensor(self.live, device=dev)] = torch.tensor(budgets, device=dev)
         longest = max(budgets, default=0)
         self.turn_start = self.lengths.clone()
+        state = _TurnState(total, longest, budget, dev)
         if longest <= 0:
-            return [TurnTokens([], [], [], False) for _ in budgets]
-        tokens = torch.zeros(total, longest, dtype=torch.long, device=dev)
-        lps = torch.zeros(total, longest, dtype=torch.float32, device=dev)
-        ents = torch.zeros(total, longest, dtype=torch.float32, device=dev)
-        cand = torch.zeros(total, longest, dtype=torch.bool, device=dev)
-        active = budget > 0
-        out_of_budget = torch.zeros(total, dtype=torch.bool, device=dev)
-        count = torch.zeros(total, dtype=torch.long, device=dev)  # tokens sampled this turn
+            return self._collect(state)
         logits = self.logits
+        prefix = total  # rows [0, prefix) are computed
+        bound = int(self.lengths.max()) + 1  # every row's next position stays below it
         checked = 0  # columns whose stop candidates the host has decided
         for col in range(longest):
-            tok, lp, ent = self._sample(logits, count)
-            tokens[:, col], lps[:, col], ents[:, col] = tok, lp, ent
-            was_active = active
-            count = count + was_active
-            ended = self.is_eos[tok] & was_active
-            may_stop = self.candidates[tok] & was_active & ~ended
-            if cfg.min_turn_tokens:  # stop tags count from the minimum on, complete ones too
-                may_stop &= count >= cfg.min_turn_tokens
-                may_stop |= was_active & ~ended & (count == cfg.min_turn_tokens)
-            cand[:, col] = may_stop
-            full = was_active & ~ended & (count >= budget)
-            out_of_budget = out_of_budget | full
-            active = was_active & ~ended & ~full
+            tok, lp, ent = self._sample(logits[:prefix], state.count[:prefix], prefix)
+            was_active = state.active[:prefix].clone()
+            state.record(col, prefix, tok, lp, ent, self._stops(tok, was_active, state, prefix))
             if col + 1 == longest or col + 1 - checked >= self.check_every:
-                active, out_of_budget, count = self._check_stops(
-                    tokens, cand, checked, col + 1, active, out_of_budget, count
-                )
+                self._check_stops(state, checked, col + 1)
                 checked = col + 1
-                if not bool(active.any()):
+                left = int(state.active.sum())
+                if left == 0:
                     break  # the tokens of this step stay unfed: they lead the next prefill
-            self.stats["decode_tokens"] += int(was_active.sum())
+                if self.compact and left <= SHRINK * prefix:
+                    order = torch.cat([state.active.nonzero(), (~state.active).nonzero()]).flatten()
+                    self._permute(order, state)
+                    logits, tok, was_active = logits[order], tok[order[:left]], state.active[:left]
+                    prefix = left
+            self.stats["decode_tokens"] += int(was_active[:prefix].sum())
             self.stats["forward_calls"] += 1
-            logits = self.decoder.step(tok, self.lengths)
-            self.lengths = self.lengths + was_active
+            logits[:prefix] = self.decoder.step(tok[:prefix], self.lengths[:prefix], bound)
+            bound += 1
+            self.lengths[:prefix] += was_active[:prefix]
         # a row rolled back to an earlier stop tag has cache slots past it: they are dropped
-        self.lengths = torch.minimum(self.lengths, self.turn_start + count)
-        return self._collect(tokens, lps, ents, count, out_of_budget)
+        self.lengths = torch.minimum(self.lengths, self.turn_start + state.count)
+        self.logits = logits
+        return self._collect(state)
 
-    def _sample(self, logits: Tensor, count: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def _stops(self, tok: Tensor, was_active: Tensor, state: _TurnState, prefix: int):
+        """(ended, may_stop, full) of the prefix rows after sampling `tok`: an end-of-sequence
+        token; a token after which a stop tag may be complete (decided on the host); the
+        budget reached."""
+        cfg = self.cfg
+        count = state.count[:prefix] + was_active
+        ended = self.is_eos[tok] & was_active
+        may_stop = self.candidates[tok] & was_active & ~ended
+        if cfg.min_turn_tokens:  # stop tags count from the minimum on, complete ones too
+            may_stop &= count >= cfg.min_turn_tokens
+            may_stop |= was_active & ~ended & (count == cfg.min_turn_tokens)
+        full = was_active & ~ended & (count >= state.budget[:prefix])
+        return ended, may_stop, full
+
+    def _permute(self, order: Tensor, state: _TurnState) -> None:
+        """Reorder every row-indexed tensor (the cache too) by `order`."""
+        upto = int(self.lengths.max()) + 1
+        self.decoder.gather_rows(order, upto)
+        self.lengths, self.seeds = self.lengths[order], self.seeds[order]
+        self.turn_start = self.turn_start[order]
+        state.permute(order)
+        where = torch.empty_like(order)
+        where[order] = torch.arange(order.numel(), device=order.device)
+        self.live = where[torch.tensor(self.live, device=self.device)].tolist()
+
+    def _sample(self, logits: Tensor, count: Tensor, prefix: int) -> tuple[Tensor, Tensor, Tensor]:
         cfg = self.cfg
         scores = logits
         if cfg.min_turn_tokens and self.eos_cols.numel():
@@ -161,59 +188,47 @@ class StaticSession:
             temperature=cfg.temperature,
             top_k=cfg.top_k,
             top_p=cfg.top_p,
-            row_seeds=self.seeds,
-            positions=self.lengths,
+            row_seeds=self.seeds[:prefix],
+            positions=self.lengths[:prefix],
         )
         # pi_old of the sampled tokens, from the logits we already have: the policy's own
         # distribution (unfiltered, unmasked), at the trainer's temperature
         lp, ent = token_log_probs_and_entropy(logits, tok, temperature=self.policy_temp)
         return tok, lp, ent
 
-    def _check_stops(
-        self,
-        tokens: Tensor,
-        cand: Tensor,
-        lo: int,
-        hi: int,
-        active: Tensor,
-        out_of_budget: Tensor,
-        count: Tensor,
-    ) -> tuple[Tensor, Tensor, Tensor]:
+    def _check_stops(self, state: _TurnState, lo: int, hi: int) -> None:
         """Decide the stop candidates of columns `[lo, hi)` on the host with `StopChecker`:
         a row whose turn has a stop tag complete there ends at its first one (rolled back to
         it when it decoded on)."""
-        window = cand[:, lo:hi]
+        window = state.cand[:, lo:hi]
         if not bool(window.any()):
-            return active, out_of_budget, count
+            return
         rows = window.any(dim=1).nonzero().flatten().tolist()
-        active, out_of_budget, count = active.clone(), out_of_budget.clone(), count.clone()
-        for r, ids, flags in zip(
-            rows, tokens[rows, :hi].tolist(), window[rows].tolist(), strict=True
-        ):
+        seen = state.tokens[rows, :hi].tolist()
+        for r, ids, flags in zip(rows, seen, window[rows].tolist(), strict=True):
             for j, flag in enumerate(flags, start=lo):
                 if flag and self.stop.hit_stop_string(ids[: j + 1]):
-                    active[r], out_of_budget[r], count[r] = False, False, j + 1
+                    state.active[r], state.out_of_budget[r], state.count[r] = False, False, j + 1
                     break
-        return active, out_of_budget, count
 
-    def _collect(self, tokens, lps, ents, count, out_of_budget) -> list[TurnTokens]:
-        """The live rows' turns, read from the device once."""
+    def _collect(self, state: _TurnState) -> list[TurnTokens]:
+        """The live rollouts' turns, read from the device once."""
         index = torch.tensor(self.live, device=self.device)
-        n = count[index].tolist()
+        n = state.count[index].tolist()
         width = max(n, default=0)
-        ids = tokens[index, :width].tolist()
-        lp = lps[index, :width].tolist()
-        ent = ents[index, :width].tolist()
-        oob = out_of_budget[index].tolist()
+        ids = state.tokens[index, :width].tolist()
+        lp = state.lps[index, :width].tolist()
+        ent = state.ents[index, :width].tolist()
+        oob = state.out_of_budget[index].tolist()
         return [
             TurnTokens(ids[i][: n[i]], lp[i][: n[i]], ent[i][: n[i]], oob[i]) for i in range(len(n))
         ]
 
     # ------------------------------------------------------------------ between turns
     def advance(self, keep: Sequence[int], turns: Sequence[TurnTokens], observations) -> None:
-        """Live rows `keep` (indices into the live rows) go on, the others are done. Each kept
-        row gets the tokens of its turn the cache has not seen (the last one, when its turn
-        ended the loop) and its observation."""
+        """Live rollouts `keep` (indices into the live rollouts) go on, the others are done.
+        Each kept rollout gets the tokens of its turn the cache has not seen (the last one,
+        when its turn ended before it was fed) and its observation."""
         rows = [self.live[i] for i in keep]
         written = (self.lengths - self.turn_start).tolist()
         feed = [
@@ -225,10 +240,10 @@ class StaticSession:
             return
         if self.compact and len(rows) < self.lengths.numel():
             index = torch.tensor(rows, device=self.device)
-            self.decoder.select_rows(index)
+            self.decoder.gather_rows(index, int(self.lengths.max()) + 1)
             self.lengths, self.seeds = self.lengths[index], self.seeds[index]
-            rows = list(range(len(rows)))
             self.logits = self.logits[index]
+            rows = list(range(len(rows)))
         self.live = rows
         # the stats count prompts and observations (a turn's unfed last token is a decode token)
         self.stats["prefill_tokens"] += sum(len(o) for o in observations)
@@ -239,3 +254,32 @@ class StaticSession:
         index = torch.tensor(rows, device=self.device)
         self.lengths[index] += torch.tensor([len(f) for f in feed], device=self.device)
         self.logits[index] = logits
+
+
+class _TurnState:
+    """The per-row tensors of one turn, on the device."""
+
+    def __init__(self, rows: int, longest: int, budget: Tensor, device: torch.device) -> None:
+        width = max(longest, 1)
+        self.budget = budget
+        self.tokens = torch.zeros(rows, width, dtype=torch.long, device=device)
+        self.lps = torch.zeros(rows, width, dtype=torch.float32, device=device)
+        self.ents = torch.zeros(rows, width, dtype=torch.float32, device=device)
+        self.cand = torch.zeros(rows, width, dtype=torch.bool, device=device)
+        self.active = budget > 0
+        self.out_of_budget = torch.zeros(rows, dtype=torch.bool, device=device)
+        self.count = torch.zeros(rows, dtype=torch.long, device=device)  # sampled this turn
+
+    def record(self, col: int, prefix: int, tok, lp, ent, stops) -> None:
+        """Column `col` of the prefix rows: their sampled token and what it did."""
+        ended, may_stop, full = stops
+        was_active = self.active[:prefix]
+        self.tokens[:prefix, col], self.lps[:prefix, col], self.ents[:prefix, col] = tok, lp, ent
+        self.cand[:prefix, col] = may_stop
+        self.count[:prefix] += was_active
+        self.out_of_budget[:prefix] |= full
+        self.active[:prefix] = was_active & ~ended & ~full
+
+    def permute(self, order: Tensor) -> None:
+        for name in ("budget", "tokens", "lps", "ents", "cand", "active", "out_of_budget", "count"):
+            setattr(self, name, getattr(self, name)[order])
