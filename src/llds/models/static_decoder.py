@@ -7,7 +7,9 @@ eager step costs 20 ms while reading its weights takes 0.24 ms. This module runs
 layers (the model's own modules and weights, so LoRA adapters and autocast apply as usual) in
 a fixed-shape loop:
 
-- the cache is preallocated once per chunk: `[rows, kv_heads, capacity, head_dim]` per layer;
+- the cache is allocated per chunk, `[rows, kv_heads, capacity, head_dim]` per layer, and
+  grows (rarely: in steps of `GROW` positions, at least by half) only when the caller reserves
+  more positions than it holds, up to `rollout.max_total_tokens`;
 - slot `t` of a row holds the token at position `t` of that row's sequence, so a row's
   position ids are its slot indices and its mask is causal in slot order: no padding holes,
   no mask or position cumsum per token;
@@ -33,6 +35,8 @@ SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 """Model types whose layers are input norm -> attention (q/k/v/o projections, rotary, grouped
 query heads, optional q/k norms) -> residual -> norm -> MLP -> residual."""
 
+GROW = 256
+"""Positions the cache grows by (at least)."""
 KEY_BUCKET = 64
 """Keys are read up to the longest row's length rounded up to this: at most 63 masked columns
 read per step."""
@@ -84,7 +88,7 @@ def _rotate_half(x: Tensor) -> Tensor:
 
 
 class StaticDecoder:
-    """The forward of one transformers Llama-family model over a cache of fixed capacity.
+    """The forward of one transformers Llama-family model over a static key/value cache.
 
     `prefill(ids, lengths, starts)` writes row `b`'s `lengths[b]` tokens at slots
     `starts[b]..` and returns the logits after its last one; `step(tokens, positions)` writes
@@ -106,10 +110,12 @@ class StaticDecoder:
         self.heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
-        self.rows, self.capacity = rows, capacity
+        self.rows, self.limit = rows, capacity
+        self.capacity = 0  # positions allocated so far (`reserve`)
         self.keys: list[Tensor] = []
         self.values: list[Tensor] = []
         self.slots = None  # arange(capacity), made with the cache
+        self._like = None  # a tensor of the cache's dtype and device, once known
         self.bucket = COMPILED_KEY_BUCKET if compile else KEY_BUCKET
         self._step = self._decode
         if compile:
@@ -119,12 +125,32 @@ class StaticDecoder:
             self._step = torch.compile(self._decode, mode=mode, dynamic=False)
 
     # ------------------------------------------------------------------ cache
-    def _allocate(self, like: Tensor) -> None:
-        shape = (self.rows, self.kv_heads, self.capacity, self.head_dim)
+    def reserve(self, positions: int) -> None:
+        """Make room for positions `[0, positions)` plus the spare slot that padding writes
+        go to, growing the cache (a copy of what it holds) when it is too small."""
+        need = min(positions + 1, self.limit)
+        if need <= self.capacity:
+            return
+        grown = max(need, self.capacity + self.capacity // 2)
+        self._resize(min(-(-grown // GROW) * GROW, self.limit))
+
+    def _resize(self, capacity: int) -> None:
+        old_keys, old_values, old = self.keys, self.values, self.capacity
+        self.capacity = capacity
+        if not self.layers or self._like is None:
+            return
+        shape = (self.rows, self.kv_heads, capacity, self.head_dim)
         # zeros, not empty: a masked column gets weight 0, and 0 * NaN garbage would be NaN
-        self.keys = [like.new_zeros(shape) for _ in self.layers]
-        self.values = [like.new_zeros(shape) for _ in self.layers]
-        self.slots = torch.arange(self.capacity, device=like.device)
+        self.keys = [self._like.new_zeros(shape) for _ in self.layers]
+        self.values = [self._like.new_zeros(shape) for _ in self.layers]
+        for new, prev in zip((*self.keys, *self.values), (*old_keys, *old_values), strict=False):
+            new[:, :, :old] = prev
+        self.slots = torch.arange(capacity, device=self._like.device)
+
+    def _allocate(self, like: Tensor) -> None:
+        self._like = like
+        capacity, self.capacity = self.capacity, 0
+        self._resize(max(capacity, 1))
 
     def copy_rows(self, source: Tensor, target: Tensor, width: int) -> None:
         """Copy slots `[0, width)` of rows `source` onto rows `target` (a group's shared
@@ -148,11 +174,13 @@ class StaticDecoder:
         """Cache row `rows[i]` gets the `lengths[i] >= 1` real tokens of `ids[i]` at slots
         `starts[i] + j`; padding columns write to the spare last slot. Returns the logits after
         each row's last real token."""
+        end = int((starts + lengths).max())
+        self.reserve(end)
         cols = torch.arange(ids.shape[1], device=ids.device)
         real = cols[None, :] < lengths[:, None]
         positions = starts[:, None] + cols[None, :]
         write = torch.where(real, positions, self.capacity - 1)
-        hidden = self._layers(ids, positions, write, int((starts + lengths).max()), rows)
+        hidden = self._layers(ids, positions, write, end, rows)
         last = hidden[torch.arange(ids.shape[0], device=ids.device), lengths - 1]
         return self._logits(last)
 
@@ -160,6 +188,7 @@ class StaticDecoder:
         """One token for each of the first `n = len(tokens)` cache rows, at slot
         `positions[b] < bound` (the caller's bound: no host sync here); returns `[n, vocab]`
         float32 logits."""
+        self.reserve(bound)
         keys_to = min(self.capacity, -(-bound // self.bucket) * self.bucket)
         return self._step(tokens, positions, keys_to)
 

@@ -125,6 +125,7 @@ class StaticSession:
         logits = self.logits
         prefix = total  # rows [0, prefix) are computed
         bound = int(self.lengths.max()) + 1  # every row's next position stays below it
+        self.decoder.reserve(bound + longest)  # the whole turn, grown once
         checked = 0  # columns whose stop candidates the host has decided
         for col in range(longest):
             tok, lp, ent = self._sample(logits[:prefix], state.count[:prefix], prefix)

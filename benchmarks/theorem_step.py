@@ -1,0 +1,105 @@
+"""The theorem-world study's whole GRPO step, eager decode loop vs static-cache loop.
+
+Runs `--steps` steps of `experiments/theorem_world/base.yaml` (40 questions x 8 rollouts, up to
+5 turns, 10 mini-batches, the study's diagnostics) from the given warm start, once with
+`rollout.cache=dynamic` and once with `rollout.cache=static`, alternating the two runs step by
+step. Both loops sample the same tokens, so both runs train on the same rollouts and do equal
+work (the first step token for token; later steps start from weights that differ in float
+rounding, so the script stops if their mean response lengths differ by more than 2%). Reports
+the median over steps 2.. (step 1 is the warm-up) of each phase the trainer times (`time/*`).
+
+    python benchmarks/theorem_step.py --model runs/theorem_world/model [--steps 4]
+
+The warm start comes from `python experiments/theorem_world/warm_start.py --work
+runs/theorem_world`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import machine
+from llds.data.world import WorldConfig, generate_world, write_world
+from llds.retrieval.factory import build_retriever
+from llds.train.config import load_config
+from llds.train.trainer import GRPOTrainer
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "experiments" / "theorem_world" / "base.yaml"
+PHASES = ("rollout", "old_logprob", "ref_logprob", "update", "diagnostics", "step")
+LOOPS = ("dynamic", "static")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True, help="the theorem world's warm start")
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--lr", type=float, default=1e-3, help="the study's calibrated rate")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    world = generate_world(WorldConfig.preset("theorem"))
+    retriever = build_retriever(world.corpus, show_progress=False)
+    rows: dict[str, list[dict]] = {loop: [] for loop in LOOPS}
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        write_world(world, work / "world")
+        trainers = {
+            loop: GRPOTrainer(
+                load_config(
+                    CONFIG,
+                    [
+                        f"run_dir={work / loop}",
+                        f"model.path={args.model}",
+                        f"optim.lr={args.lr}",
+                        f"data.train={work / 'world' / 'train.jsonl'}",
+                        f"data.eval={work / 'world' / 'test.jsonl'}",
+                        f"retriever.source={work / 'world' / 'corpus.jsonl'}",
+                        f"rollout.cache={loop}",
+                        "eval_every=0",
+                        "logging.progress=false",
+                    ],
+                ),
+                retriever=retriever,
+                resume=False,
+            )
+            for loop in LOOPS
+        }
+        for step in range(args.steps):
+            for loop in LOOPS if step % 2 == 0 else LOOPS[::-1]:
+                rows[loop].append(trainers[loop].train_step())
+            a, b = (rows[loop][-1] for loop in LOOPS)
+            # the first step's rollouts are token-identical; later ones start from weights that
+            # differ in float rounding (pi_old agrees to ~1e-6), so a sampled token may flip
+            tokens = [r["rollout/response_tokens"] for r in (a, b)]
+            if abs(tokens[0] - tokens[1]) > 0.02 * max(tokens):
+                sys.exit(f"step {step + 1}: response lengths {tokens} differ: not equal work")
+            print(
+                f"step {step + 1}: "
+                + ", ".join(f"{loop} {rows[loop][-1]['time/step']:.1f} s" for loop in LOOPS)
+                + f"; reward {a['reward/mean']:.3f} / {b['reward/mean']:.3f}, "
+                f"{tokens[0]:.1f} / {tokens[1]:.1f} model tokens per response",
+                flush=True,
+            )
+
+    print(f"\nmachine: {machine()}; torch threads 1")
+    print(f"command: `python benchmarks/theorem_step.py {' '.join(sys.argv[1:])}`")
+    print(f"median over steps 2-{args.steps} (step 1 is the warm-up)\n")
+    print("| phase | eager loop (dynamic) | static loop | speed-up |")
+    print("|---|---|---|---|")
+    for phase in PHASES:
+        med = {
+            loop: statistics.median(r[f"time/{phase}"] for r in rows[loop][1:]) for loop in LOOPS
+        }
+        ratio = med["dynamic"] / med["static"] if med["static"] > 0 else float("nan")
+        print(f"| {phase} | {med['dynamic']:.2f} s | {med['static']:.2f} s | {ratio:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
