@@ -116,6 +116,7 @@ class StaticDecoder:
         self.values: list[Tensor] = []
         self.slots = None  # arange(capacity), made with the cache
         self._like = None  # a tensor of the cache's dtype and device, once known
+        self._rope: tuple[Tensor, Tensor] | None = None  # cos/sin of every position
         self.bucket = COMPILED_KEY_BUCKET if compile else KEY_BUCKET
         self._step = self._decode
         if compile:
@@ -158,16 +159,17 @@ class StaticDecoder:
         for cache in (*self.keys, *self.values):
             cache[target, :, :width] = cache[source, :, :width]
 
-    def gather_rows(self, index: Tensor, upto: int) -> None:
-        """Row `i` of the cache becomes (slots `[0, upto)` of) what row `index[i]` was, in
-        place: rollouts that go on move to the front, so the step reads a contiguous prefix of
-        rows. Slots past `upto` keep stale values, which no query reaches (each row's keys
-        past its length are masked, and overwritten before they are read)."""
+    def swap_rows(self, a: Tensor, b: Tensor, upto: int) -> None:
+        """Swap cache rows `a[i]` and `b[i]` (slots `[0, upto)`), in place: rollouts that go
+        on move to the front, so the step reads a contiguous prefix of rows. Slots past `upto`
+        keep stale values, which no query reaches (a row's keys past its length are masked,
+        and overwritten before they are read)."""
         if not self.keys:
             return
         upto = min(upto, self.capacity)
+        into, outof = torch.cat([a, b]), torch.cat([b, a])
         for cache in (*self.keys, *self.values):
-            cache[: index.numel(), :, :upto] = cache[index, :, :upto]
+            cache[into, :, :upto] = cache[outof, :, :upto]
 
     # ------------------------------------------------------------------ forward
     def prefill(self, ids: Tensor, lengths: Tensor, starts: Tensor, rows: Tensor) -> Tensor:
@@ -206,7 +208,7 @@ class StaticDecoder:
         (both `[R, W]`) of cache rows `rows` (None: the first R, in order) and attending to slots
         `< keys_to` causally."""
         hidden = self.body.embed_tokens(ids)
-        cos, sin = self.body.rotary_emb(hidden, positions)
+        cos, sin = self._rotary(hidden, positions)
         cos, sin = cos[:, None], sin[:, None]
         if not self.keys:
             self._allocate(self._probe_kv_dtype(hidden))
@@ -229,6 +231,21 @@ class StaticDecoder:
             )
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         return hidden
+
+    def _rotary(self, hidden: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """The model's rotary cos/sin at `positions`: looked up in a table of every position,
+        computed once by the model's own rotary module (each entry depends on its position
+        alone, so the lookup equals the per-call computation), except for rope types whose
+        frequencies depend on the length seen (`dynamic`, `longrope`), which are computed."""
+        rotary = self.body.rotary_emb
+        if any(k in str(getattr(rotary, "rope_type", "default")) for k in ("dynamic", "longrope")):
+            return rotary(hidden, positions)
+        if self._rope is None or self._rope[0].dtype != hidden.dtype:
+            every = torch.arange(self.limit, device=hidden.device)[None]
+            cos, sin = rotary(hidden, every)
+            self._rope = (cos[0], sin[0])
+        at = positions.clamp(max=self.limit - 1)  # a padding column may run past the end
+        return self._rope[0][at], self._rope[1][at]
 
     def _probe_kv_dtype(self, hidden: Tensor) -> Tensor:
         """A tensor in the dtype the key projection yields here (autocast included)."""

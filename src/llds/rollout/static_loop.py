@@ -138,10 +138,10 @@ class StaticSession:
                 if left == 0:
                     break  # the tokens of this step stay unfed: they lead the next prefill
                 if self.compact and left <= SHRINK * prefix:
-                    order = torch.cat([state.active.nonzero(), (~state.active).nonzero()]).flatten()
-                    self._permute(order, state)
-                    logits, tok, was_active = logits[order], tok[order[:left]], state.active[:left]
-                    prefix = left
+                    order, prefix = self._to_front(state.active)
+                    state.permute(order)
+                    logits, tok = logits[order], tok[order[:prefix]]
+                    was_active = state.active[:prefix]
             self.stats["decode_tokens"] += int(was_active[:prefix].sum())
             self.stats["forward_calls"] += 1
             logits[:prefix] = self.decoder.step(tok[:prefix], self.lengths[:prefix], bound)
@@ -166,16 +166,21 @@ class StaticSession:
         full = was_active & ~ended & (count >= state.budget[:prefix])
         return ended, may_stop, full
 
-    def _permute(self, order: Tensor, state: _TurnState) -> None:
-        """Reorder every row-indexed tensor (the cache too) by `order`."""
-        upto = int(self.lengths.max()) + 1
-        self.decoder.gather_rows(order, upto)
+    def _to_front(self, front: Tensor) -> tuple[Tensor, int]:
+        """Move the `n` rows marked in `front` to rows `[0, n)` of the cache, swapping each
+        one still behind with an unmarked row ahead (only those rows are copied). Returns the
+        swap as an order over the rows (its own inverse) and `n`."""
+        n = int(front.sum())
+        leave = (~front[:n]).nonzero().flatten()
+        enter = front[n:].nonzero().flatten() + n
+        order = torch.arange(front.numel(), device=self.device)
+        if leave.numel():
+            order[leave], order[enter] = enter, leave
+            self.decoder.swap_rows(leave, enter, int(self.lengths.max()) + 1)
         self.lengths, self.seeds = self.lengths[order], self.seeds[order]
         self.turn_start = self.turn_start[order]
-        state.permute(order)
-        where = torch.empty_like(order)
-        where[order] = torch.arange(order.numel(), device=order.device)
-        self.live = where[torch.tensor(self.live, device=self.device)].tolist()
+        self.live = order[torch.tensor(self.live, device=self.device)].tolist()
+        return order, n
 
     def _sample(self, logits: Tensor, count: Tensor, prefix: int) -> tuple[Tensor, Tensor, Tensor]:
         cfg = self.cfg
@@ -239,13 +244,14 @@ class StaticSession:
         if not rows:
             self.live = []
             return
-        if self.compact and len(rows) < self.lengths.numel():
-            index = torch.tensor(rows, device=self.device)
-            self.decoder.gather_rows(index, int(self.lengths.max()) + 1)
-            self.lengths, self.seeds = self.lengths[index], self.seeds[index]
-            self.logits = self.logits[index]
-            rows = list(range(len(rows)))
         self.live = rows
+        if self.compact and len(rows) < self.lengths.numel():
+            front = torch.zeros(self.lengths.numel(), dtype=torch.bool, device=self.device)
+            front[torch.tensor(rows, device=self.device)] = True
+            order, n = self._to_front(front)
+            self.lengths, self.seeds = self.lengths[:n], self.seeds[:n]
+            self.turn_start, self.logits = self.turn_start[:n], self.logits[order[:n]]
+            rows = self.live
         # the stats count prompts and observations (a turn's unfed last token is a decode token)
         self.stats["prefill_tokens"] += sum(len(o) for o in observations)
         self.stats["decode_tokens"] += sum(
