@@ -15,7 +15,7 @@ shape and tokenizer (its rollouts run to their token caps: the longest chunks th
 allow).
 
     python benchmarks/rollout_speed.py [--world theorem|organism|both] [--theorem-model DIR]
-        [--organism-model DIR] [--repeats 3] [--threads 1] [--device cpu|cuda]
+        [--organism-model DIR] [--repeats 3] [--threads 1] [--device cpu|cuda] [--compile]
 
 The last two lines are the theorem world's `speedup: X.XXx` and `identical: yes|no` (over every
 world run).
@@ -105,7 +105,15 @@ def _chunk(name: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
         kind: RolloutEngine(model, tok, retriever, dataclasses.replace(rollout, cache=kind))
         for kind in ("dynamic", "static")
     }
-    batches = {kind: engine.generate(requests) for kind, engine in engines.items()}  # warm-up
+    if args.compile:
+        compiled = dataclasses.replace(rollout, cache="static", compile=True)
+        engines["compiled"] = RolloutEngine(model, tok, retriever, compiled)
+    first: dict[str, float] = {}
+    batches = {}
+    for kind, engine in engines.items():  # warm-up (the compiled loop compiles here)
+        t0 = time.perf_counter()
+        batches[kind] = engine.generate(requests)
+        first[kind] = time.perf_counter() - t0
     times: dict[str, list[float]] = {kind: [] for kind in engines}
     for _ in range(args.repeats):
         for kind, engine in engines.items():
@@ -128,6 +136,8 @@ def _chunk(name: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "sampled_tokens": tokens,
         "dynamic": statistics.median(times["dynamic"]),
         "static": statistics.median(times["static"]),
+        "compiled": statistics.median(times["compiled"]) if args.compile else None,
+        "first": first,
         "all": times,
         "identical": same,
     }
@@ -141,6 +151,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (the studies use 1)")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument(
+        "--compile", action="store_true", help="a third arm: the static loop with rollout.compile"
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     names = ("theorem", "organism") if args.world == "both" else (args.world,)
@@ -163,6 +176,15 @@ def main() -> None:
             f"{r['sampled_tokens']:,} | {r['dynamic']:.2f} s | {r['static']:.2f} s | "
             f"{r['dynamic'] / r['static']:.2f}x | {'yes' if r['identical'] else 'no'} |"
         )
+    for name, r in results.items():
+        if r["compiled"] is not None:
+            print(
+                f"| {name}, static + `rollout.compile` | | | | | | {r['compiled']:.2f} s | "
+                f"{r['dynamic'] / r['compiled']:.2f}x | {'yes' if r['identical'] else 'no'} |"
+            )
+    for name, r in results.items():
+        warm = ", ".join(f"{kind} {t:.1f} s" for kind, t in r["first"].items())
+        print(f"\n{name}, first call (warm-up, compilation included): {warm}", end="")
     for name, r in results.items():
         spread = ", ".join(
             f"{kind} " + " / ".join(f"{t:.2f}" for t in ts) for kind, ts in r["all"].items()

@@ -41,7 +41,7 @@ KEY_BUCKET = 64
 """Keys are read up to the longest row's length rounded up to this: at most 63 masked columns
 read per step."""
 COMPILED_KEY_BUCKET = 512
-"""The same for a compiled step: one graph per 512 positions of context."""
+"""The same for a compiled step: fewer distinct shapes to compile."""
 
 
 def static_decode_unsupported(model: nn.Module) -> str | None:
@@ -120,10 +120,11 @@ class StaticDecoder:
         self.bucket = COMPILED_KEY_BUCKET if compile else KEY_BUCKET
         self._step = self._decode
         if compile:
-            # one graph per key bucket (and row count); on a GPU with CUDA graphs: the step's
-            # launches replayed at once instead of one host call per kernel
+            # on a GPU with CUDA graphs: the step's launches replayed at once instead of one
+            # host call per kernel; shapes that change (rows, key bucket) become dynamic after
+            # their first recompilation
             mode = "reduce-overhead" if next(model.parameters()).is_cuda else None
-            self._step = torch.compile(self._decode, mode=mode, dynamic=False)
+            self._step = torch.compile(self._decode, mode=mode, dynamic=None)
 
     # ------------------------------------------------------------------ cache
     def reserve(self, positions: int) -> None:

@@ -61,10 +61,11 @@ class RolloutConfig:
     round trip per token (any model). Both sample the same tokens for seeded requests. `auto`:
     static where it serves the model (and `kv_reuse` is on), else dynamic"""
     compile: bool = False
-    """`torch.compile` the static loop's decode step (CUDA graphs on a GPU), one graph per 512
-    positions of context; the first chunk pays the compilation. Off by default: on a CPU it
-    measured no faster (the step is bound by reading the cache), and on a GPU it is not yet
-    measured here"""
+    """`torch.compile` the static loop's decode step (with CUDA graphs on a GPU). The first
+    chunk pays the compilation (about 80 s for the theorem world's 4-layer model on one CPU
+    core) and needs a C++ compiler on a CPU; after that its rollouts measured 1.1-1.3x faster
+    there (docs/results/performance.md), so it pays off on long runs only, hence off by
+    default. Not yet measured on a GPU"""
     max_rows: int = Field(default=64, ge=1)
     """rows generated concurrently (bounds memory; more rows per forward is faster)"""
     dtype: Literal["bfloat16", "float16", "float32"] | None = None

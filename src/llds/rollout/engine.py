@@ -84,7 +84,7 @@ class RolloutEngine:
         device = self._device()
         self.check_every = 1 if device.type == "cpu" else 16
         """tokens between the host's looks at a static loop (1 on a CPU, where a look is free)"""
-        self.compact = device.type == "cpu" and not config.compile
+        self.compact = device.type == "cpu"
         """static loop: finished rows leave the computed rows (fewer rows to compute, on a CPU)
         rather than being masked (fixed shapes for a compiled step, and on a GPU)"""
         self._candidates = None
