@@ -170,6 +170,9 @@ def test_auto_takes_static_where_it_serves_and_static_names_why_not(world_tokeni
     assert RolloutEngine(wrapped, tok, None, cfg).cache == "dynamic"
     with pytest.raises(ConfigError, match=r"rollout\.cache=static.*wraps"):
         RolloutEngine(wrapped, tok, None, dataclasses.replace(cfg, cache="static"))
+    split = make_tiny_model(tok)
+    split.hf_device_map = {"model.layers.0": 0, "model.layers.1": "cpu"}
+    assert "split over devices" in static_decode_unsupported(split)
     gpt2 = _gpt2(len(tok))
     assert "model_type 'gpt2'" in static_decode_unsupported(gpt2)
 

@@ -56,6 +56,9 @@ def static_decode_unsupported(model: nn.Module) -> str | None:
     if model is not inner and not _lora_wrapper(model):
         # a wrapper's own forward may change what the model computes: only run it
         return f"{type(model).__name__} wraps the transformers model"
+    placed = set((getattr(inner, "hf_device_map", None) or {}).values())
+    if len(placed) > 1:
+        return f"the model is split over devices {sorted(map(str, placed))}"
     config = inner.config
     kind = getattr(config, "model_type", None)
     if kind not in SUPPORTED_MODEL_TYPES:
