@@ -17,6 +17,7 @@ runs/theorem_world`.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
@@ -41,8 +42,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, help="the theorem world's warm start")
     ap.add_argument("--steps", type=int, default=4)
-    ap.add_argument("--lr", type=float, default=1e-3, help="the study's calibrated rate")
+    ap.add_argument("--lr", type=float, default=None, help="default: the study's calibrated rate")
     args = ap.parse_args()
+    if args.lr is None:
+        calibration = ROOT / "experiments" / "theorem_world" / "results" / "calibration.json"
+        args.lr = json.loads(calibration.read_text(encoding="utf-8"))["chosen"]
     torch.set_num_threads(1)
     world = generate_world(WorldConfig.preset("theorem"))
     retriever = build_retriever(world.corpus, show_progress=False)
@@ -90,7 +94,7 @@ def main() -> None:
 
     print(f"\nmachine: {machine()}; torch threads 1")
     print(f"command: `python benchmarks/theorem_step.py {' '.join(sys.argv[1:])}`")
-    print(f"median over steps 2-{args.steps} (step 1 is the warm-up)\n")
+    print(f"learning rate {args.lr:g}; median over steps 2-{args.steps} (step 1 is the warm-up)\n")
     print("| phase | eager loop (dynamic) | static loop | speed-up |")
     print("|---|---|---|---|")
     for phase in PHASES:

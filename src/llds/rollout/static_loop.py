@@ -30,7 +30,7 @@ from llds.rollout.turn_tokens import TurnTokens
 
 SHRINK = 0.75
 """Active rows move to the front of the cache once at most this share of the computed rows is
-still in its turn (a gather of the used cache, paid back within a few steps)."""
+still in its turn (a copy of the rows that swap places, paid back within a few steps)."""
 
 
 class StaticSession:
