@@ -170,6 +170,11 @@ def test_auto_takes_static_where_it_serves_and_static_names_why_not(world_tokeni
     assert RolloutEngine(wrapped, tok, None, cfg).cache == "dynamic"
     with pytest.raises(ConfigError, match=r"rollout\.cache=static.*wraps"):
         RolloutEngine(wrapped, tok, None, dataclasses.replace(cfg, cache="static"))
+    # an attention kernel is the eager loop's setting: auto takes that loop, static refuses it
+    kernel = RolloutConfig(max_turns=0, dtype="bfloat16", attn_implementation="eager")
+    assert RolloutEngine(model, tok, None, kernel).cache == "dynamic"
+    with pytest.raises(ValueError, match="attn_implementation"):
+        RolloutConfig(cache="static", dtype="bfloat16", attn_implementation="eager")
     split = make_tiny_model(tok)
     split.hf_device_map = {"model.layers.0": 0, "model.layers.1": "cpu"}
     assert "split over devices" in static_decode_unsupported(split)

@@ -59,7 +59,8 @@ class RolloutConfig:
     token loop on the model's device (Llama-family models: llama, qwen2, qwen3, mistral, full
     attention; not under FSDP); `dynamic` runs transformers' own forward and cache with a host
     round trip per token (any model). Both sample the same tokens for seeded requests. `auto`:
-    static where it serves the model (and `kv_reuse` is on), else dynamic"""
+    static where it serves the model (and `kv_reuse` is on, and no `attn_implementation` is
+    asked for), else dynamic"""
     compile: bool = False
     """`torch.compile` the static loop's decode step (with CUDA graphs on a GPU). The first
     chunk pays the compilation (about 80 s for the theorem world's 4-layer model on one CPU
@@ -82,14 +83,20 @@ class RolloutConfig:
     `attn_implementation`, e.g. `eager`, which decoded bf16 faster than `sdpa` on the CPU
     measured, or `llds_grouped`, llds's grouped-query attention over a preallocated KV cache,
     faster still there (`llds.models.grouped_attention`; full-attention models only; measured
-    on a CPU only); null keeps the policy's. Used by the eager loop (`cache: dynamic`) only:
-    the static loop runs its own attention"""
+    on a CPU only); null keeps the policy's. A kernel of the eager loop: with it, `cache: auto`
+    takes the eager loop"""
 
     def __post_init__(self) -> None:
         if self.min_turn_tokens > self.max_turn_tokens:
             raise Invalid(
                 "min_turn_tokens",
                 f"{self.min_turn_tokens} is more than max_turn_tokens={self.max_turn_tokens}",
+            )
+        if self.attn_implementation is not None and self.cache == "static":
+            raise Invalid(
+                "attn_implementation",
+                "picks the eager loop's attention kernel; the static loop (cache=static) runs its "
+                "own: use cache=auto or dynamic",
             )
         if self.compile and self.cache == "dynamic":
             raise Invalid("compile", "compiles the static loop's step: needs cache=static or auto")

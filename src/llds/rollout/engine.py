@@ -102,7 +102,8 @@ class RolloutEngine:
             if not cfg.kv_reuse:
                 raise ConfigError("rollout.cache=static keeps the cache: it needs kv_reuse=true")
             return "static"
-        return "static" if reason is None and cfg.kv_reuse else "dynamic"
+        eager_only = not cfg.kv_reuse or cfg.attn_implementation is not None
+        return "static" if reason is None and not eager_only else "dynamic"
 
     # ------------------------------------------------------------------ public
     @torch.no_grad()
