@@ -131,3 +131,55 @@ def test_grad_clip_null_trains_without_clipping(inputs, tmp_path):  # noqa: F811
         assert main(train(inputs, run, "steps=2", "save_every=2", f"optim.grad_clip={clip}")) == 0
         runs[name] = load_file(run / "checkpoints" / "step_000002" / "model" / "model.safetensors")
     assert any(not (runs["off"][k] == runs["tiny"][k]).all() for k in runs["off"])
+
+
+@pytest.mark.parametrize(
+    ("command", "key"),
+    [
+        ("world", "out"),
+        ("demo", "out"),
+        ("report", "out"),
+        ("probe", "out"),
+        ("sft", "out"),
+        ("index", "out"),
+    ],
+)
+def test_an_output_directory_that_is_a_file(
+    inputs,  # noqa: F811
+    tmp_path,
+    capsys,
+    no_model_load,
+    command,
+    key,
+):
+    """An existing file where a command writes its directory: one line naming the key and the
+    path, before any work (no model loads, no data is prepared); the file and its folder stay as
+    they were. (`llds train`'s run_dir: `test_a_run_dir_that_is_a_file`.)"""
+    folder = tmp_path / "outputs"
+    folder.mkdir()
+    taken = folder / "taken"
+    taken.write_text("keep me\n", encoding="utf-8")
+    world = inputs / "world"
+    args = {
+        "world": ["world", "--out", str(taken)],
+        "demo": ["demo", "--out", str(taken), "--skip-train"],
+        "report": ["report", str(inputs), "--out", str(taken)],
+        "probe": [
+            "probe",
+            "--model",
+            str(inputs / "model"),
+            "--data",
+            str(world / "test.jsonl"),
+            "--retriever",
+            str(world / "corpus.jsonl"),
+            "--out",
+            str(taken),
+        ],
+        "sft": ["sft", "--config", "sft-demo", f"world={world}", "--out", str(taken)],
+        "index": ["index", f"corpus={world / 'corpus.jsonl'}", "--out", str(taken)],
+    }[command]
+    rc, out = cli(args, capsys)
+    line = error_line(rc, out, command)
+    assert f"{key}={taken}: exists and is not a directory" in line
+    assert taken.read_text(encoding="utf-8") == "keep me\n"
+    assert sorted(p.name for p in folder.iterdir()) == ["taken"]

@@ -34,6 +34,7 @@ from llds.config.cli import (
     resolve,
 )
 from llds.errors import UserInputError
+from llds.io import check_directory_target
 
 
 def _command_modules() -> dict[str, ModuleType]:
@@ -85,7 +86,16 @@ def run_command(args: argparse.Namespace) -> int:
     if args.print_config:
         print_config(cfg)
         return 0
+    for key in getattr(args._module, "OUTPUT_DIRS", ()):  # before any work starts
+        check_directory_target(key, _field(cfg, key))
     return int(args._module.run(cfg, args) or 0)
+
+
+def _field(cfg: object, key: str) -> object:
+    """The value of a dotted key of a config (`out`, `run_dir`)."""
+    for part in key.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
 
 
 def main(argv: Sequence[str] | None = None) -> int:

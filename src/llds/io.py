@@ -69,6 +69,19 @@ def atomic_directory(target: str | os.PathLike[str]) -> Iterator[Path]:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def check_directory_target(key: str, path: str | os.PathLike[str] | None) -> None:
+    """Refuse, before any work, an output directory `path` (given as `key`) that already
+    exists as something else: a file, say, which writing would otherwise find only at the end,
+    in a traceback."""
+    if path is None or str(path) == "":
+        return
+    target = Path(path)
+    if target.exists() and not target.is_dir():
+        raise UserInputError(
+            f"{key}={target}: exists and is not a directory; give a directory to write into"
+        )
+
+
 def _umask() -> int:
     current = os.umask(0)
     os.umask(current)

@@ -7,6 +7,8 @@ from typing import Any
 
 HELP = "the main job on the embedded default: GRPO vs GRPO+LLDS on the organism, with a report"
 ALIASES = {"--out": "out", "--skip-train": "skip_train"}
+OUTPUT_DIRS = ("out",)
+"""directories this command writes: refused up front when they exist as files"""
 
 
 CONFIG = "llds.demo:DemoConfig"

@@ -15,6 +15,8 @@ ALIASES = {
     "--model": "model",
     "--no-progress": "progress=false",
 }
+OUTPUT_DIRS = ("out",)
+"""directories this command writes: refused up front when they exist as files"""
 
 
 CONFIG = "llds.retrieval.config:IndexConfig"

@@ -13,6 +13,8 @@ HELP = (
     "one GRPO step per question from the same weights: did its correct responses lose likelihood?"
 )
 ALIASES = {"--model": "model", "--data": "data", "--retriever": "retriever", "--out": "out"}
+OUTPUT_DIRS = ("out",)
+"""directories this command writes: refused up front when they exist as files"""
 
 
 CONFIG = "llds.probe.one_step:ProbeConfig"

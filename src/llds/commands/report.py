@@ -12,6 +12,8 @@ from typing import Any
 
 HELP = "HTML report comparing runs: reward, likelihoods, displacement, phases and alarms"
 ALIASES = {"--out": "out", "--labels": "labels"}
+OUTPUT_DIRS = ("out",)
+"""directories this command writes: refused up front when they exist as files"""
 
 
 CONFIG = "llds.report.config:ReportConfig"

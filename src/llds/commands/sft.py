@@ -11,6 +11,8 @@ from typing import Any
 
 HELP = "supervised warm start: teach a model the search protocol on expert trajectories"
 ALIASES = {"--model": "model", "--data": "data", "--retriever": "corpus", "--out": "out"}
+OUTPUT_DIRS = ("out",)
+"""directories this command writes: refused up front when they exist as files"""
 
 
 CONFIG = "llds.sft.config:SFTConfig"

@@ -13,6 +13,8 @@ from typing import Any
 
 HELP = "Generate a synthetic world: corpus.jsonl, train.jsonl, test.jsonl and world.json."
 ALIASES = {"--out": "out"}
+OUTPUT_DIRS = ("out",)
+"""directories this command writes: refused up front when they exist as files"""
 
 
 CONFIG = "llds.data.world:MakeWorldConfig"
