@@ -222,3 +222,25 @@ def test_entropy_doubling_is_a_blow_up():
     f = att.entropy_rule(series(policy__entropy=late(0.8, 1.7)), EVENT)
     assert f.status == "present" and "blow-up" in f.reason
     assert att.entropy_rule(series(policy__entropy=late(0.8, 1.5)), EVENT).status == "absent"
+
+
+def test_lld_reads_a_verl_log_of_only_the_keys_verl_emits():
+    """Rows as veRL 0.9 names its metrics, plus the LLDS loss's flattened pre-mini-batch counts,
+    mapped as the report reads a veRL log: the LLD rule judges them (it is not "not logged")."""
+    from llds.report.sources import VERL_NAMES, map_row
+
+    rows = []
+    for step in range(1, STEPS + 1):
+        fell = 70 if step >= 41 else 10
+        logged = {
+            "critic/score/mean": rising_reward(step),
+            "actor/entropy": 0.8,
+            "actor/ppo_kl": 0.001,
+            "actor/lld_premb_n_pos_fell": float(fell),
+            "actor/lld_premb_n_pos": 100.0,
+        }
+        rows.append(map_row(step, logged, VERL_NAMES))
+    assert not any(k in rows[0] for k in ("lld/disp_pos", "lld/frac_pos_fell"))  # veRL's own
+    finding = att.lld_rule(att.signal_series(rows), EVENT)
+    assert finding.status == "present"
+    assert finding.numbers["lld/premb_share_pos_fell"] == pytest.approx(0.7)

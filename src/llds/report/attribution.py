@@ -81,8 +81,7 @@ MECHANISMS = (
 )
 SIGNALS = (
     keys.REWARD_MEAN,
-    "lld/share_pos_fell",
-    keys.FRAC_POS_FELL,
+    *LLD_SHARE_KEYS,  # every share the LLD rule may read: veRL and TRL log only the last
     keys.DISP_POS,
     "mismatch/k3_kl",
     "mismatch/abs_logp_diff_max",
