@@ -189,3 +189,22 @@ def test_verl_pre_mini_batch_counts_become_the_share():
     assert row["lld/premb_share_pos_fell"] == 0.25
     none = sources.map_row(3, {"actor/lld_premb_n_pos": 0.0}, sources.VERL_NAMES)
     assert "lld/premb_share_pos_fell" not in none  # no positive response: no share
+
+
+def test_a_committed_gzipped_log_is_read_as_the_live_one(tmp_path, capsys):
+    """A study commits `metrics.jsonl.gz` in place of the live log: the report reads the same
+    rows from it and `llds report` renders it."""
+    import gzip
+
+    live = tmp_path / "live"
+    write_jsonl(live / "metrics.jsonl", synthetic_rows("collapse", steps=80))
+    committed = tmp_path / "committed"
+    committed.mkdir()
+    with gzip.open(committed / "metrics.jsonl.gz", "wt", encoding="utf-8") as f:
+        f.write((live / "metrics.jsonl").read_text(encoding="utf-8"))
+    found = sources.find_source(committed)
+    assert found.kind == "native"
+    assert sources.read_source(found) == sources.read_source(sources.find_source(live))
+    rc = main(["report", str(committed), "--out", str(tmp_path / "report")])
+    assert rc == 0, capsys.readouterr()
+    assert (tmp_path / "report" / "report.html").is_file()

@@ -1,7 +1,8 @@
 """The metric logs `llds report` reads, in the report's own metric names.
 
-A native run writes `metrics.jsonl`. A TRL run keeps its logged metrics in `trainer_state.json`
-(`log_history`, one dict per logging step) at the top of its output directory or in its newest
+A native run writes `metrics.jsonl` (a study commits it gzipped, `metrics.jsonl.gz`: read
+too). A TRL run keeps its logged metrics in `trainer_state.json` (`log_history`, one dict per
+logging step) at the top of its output directory or in its newest
 `checkpoint-N/`. A veRL run logs through its trackers: the file logger writes one JSON object a
 line, `{"step": N, "data": {metric: value}}`; the TensorBoard logger writes event files. Each
 reader returns rows shaped like the native log (`step` plus metrics) with the frameworks' names
@@ -19,7 +20,8 @@ from typing import Any, Literal
 
 from llds import metrics as keys
 from llds.errors import DataFormatError, UserInputError
-from llds.runs.tracking import METRICS_FILE, read_metrics
+from llds.report.study_logs import COMMITTED_LOG, run_rows
+from llds.runs.tracking import METRICS_FILE
 
 SourceKind = Literal["native", "trl", "verl-jsonl", "tensorboard"]
 
@@ -217,7 +219,7 @@ def find_source(path: Path) -> MetricSource:
         raise UserInputError(f"{path} is neither a veRL metrics JSONL nor a TRL {TRL_STATE}")
     if not path.is_dir():
         raise UserInputError(f"run directory {path} does not exist")
-    if (path / METRICS_FILE).is_file():
+    if (path / METRICS_FILE).is_file() or (path / COMMITTED_LOG).is_file():
         return MetricSource("native", path)
     state = trl_state_file(path)
     if state is not None:
@@ -228,7 +230,8 @@ def find_source(path: Path) -> MetricSource:
     if next(path.rglob(EVENTS_GLOB), None) is not None:
         return MetricSource("tensorboard", path)
     raise UserInputError(
-        f"run directory {path} has no {METRICS_FILE}: is it a training run? (also read: a TRL "
+        f"run directory {path} has no {METRICS_FILE} (or {COMMITTED_LOG}): is it a training run? "
+        f"(also read: a TRL "
         f"output directory with {TRL_STATE}, a veRL file-logger .jsonl, TensorBoard event files)"
     )
 
@@ -236,7 +239,7 @@ def find_source(path: Path) -> MetricSource:
 def read_source(source: MetricSource) -> list[dict[str, Any]]:
     """The rows of one source, in the report's metric names."""
     if source.kind == "native":
-        return read_metrics(source.path)
+        return run_rows(source.path)  # the live log, else a study's committed gzipped copy
     if source.kind == "trl":
         return read_trl(source.path)
     if source.kind == "verl-jsonl":
