@@ -183,3 +183,23 @@ def test_an_output_directory_that_is_a_file(
     assert f"{key}={taken}: exists and is not a directory" in line
     assert taken.read_text(encoding="utf-8") == "keep me\n"
     assert sorted(p.name for p in folder.iterdir()) == ["taken"]
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["num_train=0"], "num_train: Input should be greater than or equal to 1, got 0"),
+        (["num_test=0"], "num_test: Input should be greater than or equal to 1, got 0"),
+    ],
+)
+def test_an_empty_world_split_is_refused(tmp_path, capsys, args, named):
+    rc, out = cli(["world", "--out", str(tmp_path / "world"), *args], capsys)
+    assert named in error_line(rc, out, "world")
+    assert not (tmp_path / "world").exists()
+
+
+def test_a_config_that_is_a_directory(tmp_path, capsys):
+    rc, out = cli(["world", "--config", str(tmp_path), "--out", str(tmp_path / "w")], capsys)
+    line = error_line(rc, out, "world")
+    assert f"config file {tmp_path} is a directory" in line
+    assert "does not exist" not in line

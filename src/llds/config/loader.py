@@ -210,6 +210,8 @@ def resolve_config(spec: str | Path, relative_to: Path | None = None) -> Path:
         path = relative_to / path
     if path.is_file():
         return path
+    if path.is_dir():
+        raise ConfigError(f"config file {path} is a directory; give a YAML file or a preset name")
     name = str(spec).removesuffix(".yaml")
     if "/" not in name and name in preset_names():
         with as_file(files(PRESET_PACKAGE) / f"{name}.yaml") as packaged:

@@ -330,10 +330,10 @@ class WorldConfig:
     responses); near-duplicate names are then allowed, one name may not start another"""
     name_length: int = Field(default=0, ge=0, le=5)
     """syllables per name; 0: two or three (drawn 3:1)"""
-    num_train: int = Field(default=480, ge=0)
-    """number of training questions"""
-    num_test: int = Field(default=120, ge=0)
-    """number of test questions"""
+    num_train: int = Field(default=480, ge=1)
+    """number of training questions (an empty split trains nothing: refused)"""
+    num_test: int = Field(default=120, ge=1)
+    """number of test questions (an empty split evaluates nothing: refused)"""
 
     def __post_init__(self) -> None:
         if sum(self.hop_mix.values()) <= 0:
