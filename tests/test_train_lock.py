@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from llds.train.lock import RunDirectoryLocked, RunLock, lock_path
+from llds.train.lock import RunDirectoryLocked, RunLock, is_current, lock_path
 
 HOLD = textwrap.dedent(
     """
@@ -57,11 +57,28 @@ def test_a_dead_holders_lock_is_taken_over_with_a_warning(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="llds.train"), RunLock(run_dir):
         assert f"PID {os.getpid()}" in lock_path(run_dir).read_text()
     assert f"PID {proc.pid}" in caplog.text and "ended without releasing" in caplog.text
-    assert lock_path(run_dir).read_text() == ""  # a clean release leaves no holder behind
+    assert not lock_path(run_dir).exists()  # a clean release leaves no file behind
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="llds.train"), RunLock(run_dir):
         pass
     assert "ended without releasing" not in caplog.text
+
+
+def test_a_clean_release_removes_the_file_and_a_late_opener_locks_the_new_one(tmp_path):
+    run_dir = tmp_path / "run"
+    path = lock_path(run_dir)
+    with RunLock(run_dir):
+        assert path.exists()
+        late = os.open(path, os.O_RDWR)  # opened while held, as a second process might
+    assert not path.exists()
+    # the file it opened is gone from the path: locking it would exclude nobody
+    assert not is_current(late, path)
+    with RunLock(run_dir):  # a new file at the path, the one every later process sees
+        fresh = os.open(path, os.O_RDWR)
+        assert is_current(fresh, path)
+        os.close(fresh)
+    os.close(late)
+    assert not path.exists()
 
 
 def test_released_on_exceptions(tmp_path):
@@ -109,3 +126,23 @@ def test_a_second_llds_train_on_one_run_dir_stops_with_one_line(
     assert len(err) == 1 and err[0].startswith("llds train: error: run_dir ")
     assert f"PID {first.pid} since" in err[0]
     assert after == before
+
+
+def test_acquire_starts_again_when_the_file_it_locked_was_removed(tmp_path, monkeypatch):
+    """The race the check is for: the holder removes the file between our open and our lock."""
+    import llds.train.lock as lock_module
+
+    run_dir = tmp_path / "run"
+    real = lock_module.is_current
+    seen: list[bool] = []
+
+    def removed_once(fd, path):
+        if not seen:
+            os.unlink(path)  # the previous holder's clean release, just after our open
+        seen.append(real(fd, path))
+        return seen[-1]
+
+    monkeypatch.setattr(lock_module, "is_current", removed_once)
+    with RunLock(run_dir):
+        assert seen[:2] == [False, True]  # the stale file was let go, the new one locked
+        assert f"PID {os.getpid()}" in lock_path(run_dir).read_text()

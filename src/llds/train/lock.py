@@ -4,8 +4,11 @@ The lock is an advisory `flock` on a hidden file beside the run directory (`runs
 `runs/NAME`): beside it, not inside, because `--no-resume` renames the directory aside and the
 name is what two runs would fight over. The kernel releases a `flock` when its process exits in
 any way, SIGKILL included, so a lock can never outlive its holder. The file keeps the holder's
-PID while it runs and is emptied on a clean release; a PID found in a lock that is free again is
-therefore a holder that died, and taking the lock over says so. `flock` is local to one machine:
+PID while it runs and is removed on a clean release (while still locked); a file found with a
+PID in a lock that is free again is therefore a holder that died, and taking the lock over says
+so. A process that opened the file just before its holder removed it would lock a file no
+longer at the path: `acquire` checks that the file it locked is the one at the path, and
+otherwise starts again. `flock` is local to one machine:
 on a network file system shared by several machines it may not exclude a writer on another one.
 """
 
@@ -44,17 +47,21 @@ class RunLock:
         import fcntl
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _read(fd)
-            os.close(fd)
-            raise RunDirectoryLocked(
-                f"run_dir {self.run_dir} is in use by another training process "
-                f"({holder or 'PID unknown'}; lock {self.path}); wait for it to finish or use "
-                "another run_dir"
-            ) from None
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _read(fd)
+                os.close(fd)
+                raise RunDirectoryLocked(
+                    f"run_dir {self.run_dir} is in use by another training process "
+                    f"({holder or 'PID unknown'}; lock {self.path}); wait for it to finish or "
+                    "use another run_dir"
+                ) from None
+            if is_current(fd, self.path):
+                break
+            os.close(fd)  # its holder removed it after we opened it: lock the path's file
         stale = _read(fd)
         if stale:
             log.warning(
@@ -69,13 +76,19 @@ class RunLock:
         return self
 
     def release(self) -> None:
-        """Empty the file (a clean end, not a dead holder) and drop the lock."""
+        """Remove the file (a clean end leaves nothing behind) and drop the lock."""
         if self._fd is None:
             return
         import fcntl
 
         try:
-            os.ftruncate(self._fd, 0)
+            os.ftruncate(self._fd, 0)  # if the removal fails: an empty file, not a dead holder
+            if is_current(self._fd, self.path):
+                self.path.unlink()
+        except OSError as exc:
+            log.warning(
+                "run_dir %s: could not remove the lock file %s: %s", self.run_dir, self.path, exc
+            )
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
@@ -91,6 +104,16 @@ class RunLock:
         tb: TracebackType | None,
     ) -> None:
         self.release()
+
+
+def is_current(fd: int, path: Path) -> bool:
+    """Whether the open file `fd` is the file now at `path` (not one removed or replaced)."""
+    try:
+        now = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino)
 
 
 def _read(fd: int) -> str:
