@@ -203,3 +203,30 @@ def test_a_config_that_is_a_directory(tmp_path, capsys):
     line = error_line(rc, out, "world")
     assert f"config file {tmp_path} is a directory" in line
     assert "does not exist" not in line
+
+
+def test_probe_with_a_missing_data_file_loads_no_model_and_leaves_no_folder(
+    inputs,  # noqa: F811
+    tmp_path,
+    capsys,
+    no_model_load,
+):
+    out = tmp_path / "probe"
+    missing = tmp_path / "missing.jsonl"
+    world = inputs / "world"
+    rc, printed = cli(
+        [
+            "probe",
+            "--model",
+            str(inputs / "model"),
+            "--data",
+            str(missing),
+            "--retriever",
+            str(world / "corpus.jsonl"),
+            "--out",
+            str(out),
+        ],
+        capsys,
+    )
+    assert str(missing) in error_line(rc, printed, "probe")
+    assert not out.exists()

@@ -531,6 +531,9 @@ def probe_model(
     from llds.retrieval.factory import open_retriever
 
     proto = protocol or cfg.protocol.resolve(cfg.model)[0]
+    # the user's files first: a bad one stops the probe before any model loads or OUT exists
+    examples = load_many(cfg.data, limit=cfg.limit)
+    retriever = open_retriever(cfg.retriever)
     model, tok = load_model(ModelConfig(path=cfg.model, device=cfg.device), device_key="device")
     rollout = RolloutConfig(
         **proto.rollout_limits(), group_size=cfg.group_size, temperature=cfg.temperature
@@ -555,8 +558,8 @@ def probe_model(
     results = earlier + run_probe(
         model,
         tok,
-        open_retriever(cfg.retriever),
-        load_many(cfg.data, limit=cfg.limit),
+        retriever,
+        examples,
         group_size=cfg.group_size,
         rollout=rollout,
         lr=cfg.lr,
