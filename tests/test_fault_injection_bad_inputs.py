@@ -230,3 +230,20 @@ def test_probe_with_a_missing_data_file_loads_no_model_and_leaves_no_folder(
     )
     assert str(missing) in error_line(rc, printed, "probe")
     assert not out.exists()
+
+
+def test_train_at_a_dead_retriever_url(inputs, previous_run, capsys, no_model_load):  # noqa: F811
+    """A dead service is found at once (no retries, no model load), the earlier run untouched;
+    the retries of `retriever.retry_seconds` are for a service that answered and then stops."""
+    import time
+
+    from test_retrieval_server import free_port
+
+    url = f"http://127.0.0.1:{free_port()}/retrieve"
+    start = time.monotonic()
+    rc, out = cli(train(inputs, previous_run, f"retriever.source={url}"), capsys)
+    line = error_line(rc, out, "train")
+    assert f"retriever.source: the retrieval service at {url} does not answer" in line
+    assert time.monotonic() - start < 30
+    assert "retrying" not in out.lower()
+    assert_untouched(previous_run)

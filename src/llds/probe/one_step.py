@@ -528,12 +528,12 @@ def probe_model(
     from llds.io import write_json
     from llds.policy.config import ModelConfig
     from llds.policy.setup import load_model
-    from llds.retrieval.factory import open_retriever
+    from llds.retrieval.factory import open_answering_retriever
 
     proto = protocol or cfg.protocol.resolve(cfg.model)[0]
     # the user's files first: a bad one stops the probe before any model loads or OUT exists
     examples = load_many(cfg.data, limit=cfg.limit)
-    retriever = open_retriever(cfg.retriever)
+    retriever = open_answering_retriever(cfg.retriever)
     model, tok = load_model(ModelConfig(path=cfg.model, device=cfg.device), device_key="device")
     rollout = RolloutConfig(
         **proto.rollout_limits(), group_size=cfg.group_size, temperature=cfg.temperature

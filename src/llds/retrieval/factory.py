@@ -49,6 +49,10 @@ def is_url(spec: str | os.PathLike[str]) -> bool:
     return os.fspath(spec).startswith(("http://", "https://"))
 
 
+CHECK_TIMEOUT = 10.0
+"""Seconds the connectivity check waits for the service's first answer."""
+
+
 def open_retriever(spec: str | os.PathLike[str], **kwargs: Any) -> Retriever:
     """`http(s)://host:port[/retrieve]` -> HTTP client; index directory -> loaded backend;
     corpus jsonl file -> backend built on the fly (BM25 unless `method="dense"`).
@@ -87,21 +91,25 @@ def corpus_passages(
     return read_corpus(corpus)
 
 
-def open_answering_retriever(spec: str | os.PathLike[str], key: str = "retriever") -> Retriever:
-    """`open_retriever(spec)`, and for a URL one search to show that the service answers, before
-    a command loads its model: an unreachable service is one `ServiceUnavailableError` line
-    naming `key` and the URL instead of a traceback after the model has loaded. The search is a
-    plain `/retrieve` request, which every Search-R1 compatible server answers."""
+def open_answering_retriever(
+    spec: str | os.PathLike[str], key: str = "retriever", **kwargs: Any
+) -> Retriever:
+    """`open_retriever(spec, **kwargs)`, and for a URL one search to show that the service
+    answers, before a command loads its model: an unreachable service is one
+    `ServiceUnavailableError` line naming `key` and the URL, at once (the check does not retry:
+    the retries and `retry_seconds` of `kwargs` are for a service that answered and then
+    stops), instead of a traceback after the model has loaded. The search is a plain
+    `/retrieve` request, which every Search-R1 compatible server answers."""
     from llds.errors import ServiceUnavailableError
-    from llds.retrieval.client import RetrievalServiceError
+    from llds.retrieval.client import HTTPRetriever, RetrievalServiceError
 
-    retriever = open_retriever(spec)
     if is_url(spec):
         try:
-            retriever.search(["connectivity check"], 1)
+            with HTTPRetriever(os.fspath(spec), retries=0, timeout=CHECK_TIMEOUT) as check:
+                check.search(["connectivity check"], 1)
         except RetrievalServiceError as exc:
             raise ServiceUnavailableError(
                 f"{key}: the retrieval service at {spec} does not answer ({exc}); start it "
                 "(`llds serve-retriever ...`) or fix the URL"
             ) from None
-    return retriever
+    return open_retriever(spec, **kwargs)

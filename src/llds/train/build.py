@@ -161,11 +161,11 @@ def retriever(cfg: TrainConfig, given: Retriever | None) -> Retriever | None:
     open none."""
     if given is not None or cfg.rollout.max_turns <= 0:
         return given
-    from llds.retrieval.factory import is_url, open_retriever
+    from llds.retrieval.factory import is_url, open_answering_retriever
 
     source = cfg.retriever.source
     options = {"retry_seconds": cfg.retriever.retry_seconds} if is_url(source) else {}
-    return open_retriever(source, **options)
+    return open_answering_retriever(source, "retriever.source", **options)
 
 
 def train_examples(cfg: TrainConfig, given: Sequence[QAExample] | None) -> Sequence[QAExample]:

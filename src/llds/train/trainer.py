@@ -105,8 +105,10 @@ class GRPOTrainer:
             cfg, self.dist, self.ckpt_root, resume=resume, allow_config_change=allow_config_change
         )
         self.damaged = start.damaged
-        # the questions before the model: a data problem is found before weights load
+        # the questions and the retriever before the model: a data problem or a dead retrieval
+        # service is found before weights load
         train_examples = build.train_examples(cfg, train_examples)
+        self.retriever = build.retriever(cfg, retriever)
 
         policy = build.policy(cfg, self.dist, start.checkpoint, model, tokenizer)
         self.model, self.tokenizer = policy.model, policy.tokenizer
@@ -117,7 +119,6 @@ class GRPOTrainer:
         self.model.train()
         self.sampler = build.sampling_model(cfg, self.rollout_model)
 
-        self.retriever = build.retriever(cfg, retriever)
         self.stream = PromptStream(train_examples, cfg.seed)
         self.template = build.prompt_template(cfg)
         self._prompt_cache: dict[str, list[int]] = {}
