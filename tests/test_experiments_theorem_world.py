@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from llds.report import theorem_study as tables
+
 STUDY = Path(__file__).resolve().parents[1] / "experiments" / "theorem_world"
-sys.path.insert(0, str(STUDY))
-import tables  # noqa: E402
 
 
 def _planned(*args: str | Path) -> list[dict[str, Any]]:
@@ -192,22 +192,22 @@ def _batch_of(groups: list[list[int]]) -> Any:
 
 
 def test_smollm2_probe_counts_high_accuracy_mixed_groups_and_stops_on_enough() -> None:
-    import smollm2_probe as probe
+    from llds.report import warm_start as probe
 
     # 3 of 4 right counts; 2 of 4 (half) is low; 4 of 4 and 0 of 4 are not mixed
     first = _batch_of([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]])
     second = _batch_of([[1, 0, 1, 1], [1, 1, 1, 0]])
-    assert probe._high_mixed(first) == 1 and probe._high_mixed(second) == 2
+    assert probe.high_accuracy_mixed(first) == 1 and probe.high_accuracy_mixed(second) == 2
     seen = {"chunks": 0, "high_mixed": 0}
     third = _batch_of([[1, 1, 1, 0]])
-    taken = list(probe._until_enough(iter([first, second, third]), 3, float("inf"), seen))
+    taken = list(probe.until_enough(iter([first, second, third]), 3, float("inf"), seen))
     assert taken == [first, second] and seen == {"chunks": 2, "high_mixed": 3}
     seen = {"chunks": 0, "high_mixed": 0}  # a passed deadline stops after the first chunk
-    assert list(probe._until_enough(iter([first, second]), 9, 0.0, seen)) == [first]
+    assert list(probe.until_enough(iter([first, second]), 9, 0.0, seen)) == [first]
 
 
 def test_search_decline_table_reads_a_run_log_by_hand(tmp_path: Path) -> None:
-    import search_decline
+    from llds.report import search_decline_table as search_decline
 
     # reward 0.6 until step 60, then 0.2: the 10-step median is 0.4 at step 65 (five of each)
     # and 0.2 from step 66, so the collapse is at 66. Searches 1.6 per rollout until step 40,

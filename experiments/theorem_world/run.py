@@ -26,12 +26,11 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import config_data, print_dry_run, run_unfinished
 from llds.io import write_json
+from llds.report.theorem_study import STEPS, calibration_summary, study_summary
 from llds.runs.tracking import read_metrics
 from llds.train.config import load_config
-from tables import STEPS, calibration_summary, study_summary
 
 HERE = Path(__file__).resolve().parent
 ARMS = {"grpo": "base.yaml", "grpo-llds": "grpo-llds.yaml", "grpo-llds-ma": "grpo-llds-ma.yaml"}

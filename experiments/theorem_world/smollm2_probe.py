@@ -45,6 +45,7 @@ from llds.report.warm_start import (
     markdown_table,
     measure_batches,
     sample_groups,
+    until_enough,
 )
 from llds.retrieval.factory import build_retriever
 from llds.rollout import RolloutBatch
@@ -74,27 +75,6 @@ def _args() -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--smoke", action="store_true", help="tiny random model, tiny counts")
     return p.parse_args()
-
-
-def _high_mixed(batch: RolloutBatch) -> int:
-    """Groups of `batch` with more than half and fewer than all responses correct."""
-    rows: dict[str, list[bool]] = {}
-    for g, r in zip(batch.group_ids, (batch.rewards > 0).tolist(), strict=True):
-        rows.setdefault(g, []).append(bool(r))
-    return sum(len(ok) / 2 < sum(ok) < len(ok) for ok in rows.values())
-
-
-def _until_enough(
-    batches: Iterator[RolloutBatch], wanted: int, deadline: float, seen: dict[str, int]
-) -> Iterator[RolloutBatch]:
-    """The sampled chunks, up to the one that brings `wanted` high-accuracy mixed groups (or
-    the deadline: then the count in `seen` says how many there were)."""
-    for batch in batches:
-        seen["chunks"] += 1
-        seen["high_mixed"] += _high_mixed(batch)
-        yield batch
-        if seen["high_mixed"] >= wanted or time.perf_counter() > deadline:
-            return
 
 
 def _smoke_rewards(batches: Iterator[RolloutBatch]) -> Iterator[RolloutBatch]:
@@ -219,7 +199,7 @@ def main() -> None:
     if args.smoke:
         batches = _smoke_rewards(batches)
     final = measure_batches(
-        model, _until_enough(batches, args.high_groups, deadline, seen), 1.0, probe_groups=None
+        model, until_enough(batches, args.high_groups, deadline, seen), 1.0, probe_groups=None
     )
     report["sampled"] = seen
     report["measured"] = final.to_dict()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -330,3 +331,24 @@ def markdown_table(report: WarmStartReport) -> str:
     lines = ["| measurement | value |", "|---|---|"]
     lines += [f"| {k} | {fmt(v)} |" for k, v in rows]
     return "\n".join(lines) + "\n"
+
+
+def high_accuracy_mixed(batch: RolloutBatch) -> int:
+    """Groups of `batch` with more than half and fewer than all responses correct."""
+    rows: dict[str, list[bool]] = {}
+    for g, r in zip(batch.group_ids, (batch.rewards > 0).tolist(), strict=True):
+        rows.setdefault(g, []).append(bool(r))
+    return sum(len(ok) / 2 < sum(ok) < len(ok) for ok in rows.values())
+
+
+def until_enough(
+    batches: Iterator[RolloutBatch], wanted: int, deadline: float, seen: dict[str, int]
+) -> Iterator[RolloutBatch]:
+    """The sampled chunks, up to the one that brings `wanted` high-accuracy mixed groups (or
+    the deadline: then the count in `seen` says how many there were)."""
+    for batch in batches:
+        seen["chunks"] += 1
+        seen["high_mixed"] += high_accuracy_mixed(batch)
+        yield batch
+        if seen["high_mixed"] >= wanted or time.perf_counter() > deadline:
+            return

@@ -1,5 +1,6 @@
-"""The theorem-world study's tables and its pre-registered answers (PROTOCOL.md), from the
-runs' logged rows alone: pure functions of the rows, so a test can check them by hand.
+"""The theorem-world study's tables and its pre-registered answers
+(`experiments/theorem_world/PROTOCOL.md`, where it is called `tables.py`, its first home), from
+the runs' logged rows alone: pure functions of the rows, so a test can check them by hand.
 
 Shares are pooled over responses (responses that fell over responses, steps together), never a
 median of per-step shares; every share comes with its counts.
