@@ -23,8 +23,6 @@ The logits are those of the transformers forward to float rounding (tests compar
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
@@ -316,7 +314,3 @@ class StaticDecoder:
         weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype)
         out = torch.einsum("bhgt,bhtd->bhgd", weights, values)
         return out.reshape(batch, heads, 1, dim)
-
-    def state(self) -> dict[str, Any]:
-        """Sizes, for logs and tests."""
-        return {"rows": self.rows, "capacity": self.capacity, "layers": len(self.layers)}

@@ -140,34 +140,31 @@ class RolloutEngine:
         return torch.tensor(seeds, dtype=torch.long, device=self._device())
 
     def _session(self, requests: list[RolloutRequest], generator: torch.Generator | None):
+        """The decode loop of one chunk: its prompts prefilled, ready for the first turn."""
         prompts = [r.prompt_ids for r in requests]
+        shared = {
+            "eos_ids": self.eos_ids,
+            "stop": self.stop,
+            "pad_id": self.pad_id,
+            "stats": self.stats,
+        }
         seeds = self._seeds(requests, generator)
         if self.cache == "dynamic":
-            return DynamicSession(
-                self.model,
-                self.config,
-                prompts,
-                seeds,
-                eos_ids=self.eos_ids,
-                stop=self.stop,
-                pad_id=self.pad_id,
-                stats=self.stats,
-            )
+            return DynamicSession(self.model, self.config, prompts, seeds, **shared)
         if self._candidates is None:
             vocab = int(self.model.get_output_embeddings().weight.shape[0])
-            self._candidates = stop_candidates(self.tokenizer, vocab, self._device())
+            self._candidates = stop_candidates(
+                self.tokenizer, self.stop.stop_strings, vocab, self._device()
+            )
         return StaticSession(
             self.model,
             self.config,
             prompts,
             seeds,
-            eos_ids=self.eos_ids,
             candidates=self._candidates,
-            stop=self.stop,
-            pad_id=self.pad_id,
             check_every=self.check_every,
             compact=self.compact,
-            stats=self.stats,
+            **shared,
         )
 
     def _run_chunk(

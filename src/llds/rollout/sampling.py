@@ -32,40 +32,28 @@ def filter_logits(scores: Tensor, *, top_k: int = 0, top_p: float = 1.0) -> Tens
 def sample_next_token(
     logits: Tensor,
     *,
+    row_seeds: Tensor,
+    positions: Tensor | None = None,
     temperature: float = 1.0,
     top_k: int = 0,
     top_p: float = 1.0,
-    generator: torch.Generator | None = None,
-    row_seeds: Tensor | None = None,
-    positions: Tensor | None = None,
 ) -> Tensor:
     """Sample one token per row from `logits [N, V]`; `temperature == 0` picks the argmax.
 
-    `row_seeds` (int64 `[N]`, with the `positions [N]` each row samples at) switches to
-    Gumbel-max sampling with per-row counter-based noise: `argmax(scores / T + Gumbel)` is an
-    exact sample of `softmax(scores / T)`.
+    Row `r` samples with counter-based noise of (`row_seeds[r]`, `positions[r]`), both int64
+    `[N]`, by Gumbel-max: `argmax(scores / T + Gumbel)` is an exact sample of
+    `softmax(scores / T)`.
     """
     if temperature == 0:
         return logits.argmax(dim=-1)
-    scores = filter_logits(logits.float() / temperature, top_k=top_k, top_p=top_p)
-    if row_seeds is not None:
-        rows = (scores.shape[0],)
-        if positions is None or tuple(row_seeds.shape) != rows or tuple(positions.shape) != rows:
-            got = None if positions is None else tuple(positions.shape)
-            raise ValueError(
-                f"row_seeds and positions must both have shape {rows}, got "
-                f"{tuple(row_seeds.shape)} and {got}"
-            )
-        device = scores.device
-        noise = gumbel_noise(row_seeds.to(device), positions.to(device), scores.shape[-1])
-        return (scores + noise).argmax(dim=-1)
-    probs = torch.softmax(scores, dim=-1)
-    if generator is not None and generator.device != probs.device:
-        # a generator draws only on its own device (a seeded CPU generator with a GPU model, as
-        # `llds probe` makes one): sample there and bring the tokens back
-        return (
-            torch.multinomial(probs.to(generator.device), 1, generator=generator)
-            .squeeze(-1)
-            .to(logits.device)
+    rows = (logits.shape[0],)
+    if positions is None or tuple(row_seeds.shape) != rows or tuple(positions.shape) != rows:
+        got = None if positions is None else tuple(positions.shape)
+        raise ValueError(
+            f"row_seeds and positions must both have shape {rows}, got "
+            f"{tuple(row_seeds.shape)} and {got}"
         )
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    scores = filter_logits(logits.float() / temperature, top_k=top_k, top_p=top_p)
+    device = scores.device
+    noise = gumbel_noise(row_seeds.to(device), positions.to(device), scores.shape[-1])
+    return (scores + noise).argmax(dim=-1)

@@ -62,7 +62,7 @@ class StaticSession:
         self.check_every = check_every
         self.compact = compact
         self.stats = stats
-        vocab = self._vocab(model)
+        vocab = candidates.numel()  # one flag per id of the model's output vocabulary
         self.is_eos = torch.zeros(vocab, dtype=torch.bool, device=self.device)
         self.eos_cols = torch.tensor(sorted(eos_ids), dtype=torch.long, device=self.device)
         self.is_eos[self.eos_cols[self.eos_cols < vocab]] = True
@@ -71,10 +71,6 @@ class StaticSession:
         self.live: list[int] = list(range(len(prompts)))  # cache row of each live rollout
         self.lengths = torch.zeros(len(prompts), dtype=torch.long, device=self.device)
         self.logits = self._prefill_prompts(prompts)
-
-    @staticmethod
-    def _vocab(model) -> int:
-        return int(model.get_output_embeddings().weight.shape[0])
 
     # ------------------------------------------------------------------ prefill
     def _prefill_prompts(self, prompts: Sequence[Sequence[int]]) -> Tensor:

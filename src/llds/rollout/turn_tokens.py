@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-
-from llds.rollout.stopping import StopChecker
 
 
 @dataclass
@@ -21,20 +20,22 @@ class TurnTokens:
     """the turn ran into its token budget instead of ending itself (EOS or a stop tag)"""
 
 
-def stop_candidates(tokenizer, vocab_size: int, device: torch.device) -> Tensor:
+def stop_candidates(
+    tokenizer, stop_strings: Sequence[str], vocab_size: int, device: torch.device
+) -> Tensor:
     """`[vocab_size]` bool: tokens after which a stop string may have just been completed.
 
     Every stop string ends with `>`, so the first token after which a turn's text contains one
     is a token whose text contains `>`. Only those need the exact (decoding) check of
-    `StopChecker`; the other tokens are decided on the device. Ids the tokenizer does not know
-    (a model vocabulary padded past the tokenizer's) are candidates too, to be safe.
+    `StopChecker` (whose `stop_strings` these are); the other tokens are decided on the
+    device. Ids the tokenizer does not know (a model vocabulary padded past the tokenizer's)
+    are candidates too, to be safe.
     """
     known = min(vocab_size, len(tokenizer))
     texts = tokenizer.batch_decode([[i] for i in range(known)], skip_special_tokens=False)
     pieces = tokenizer.convert_ids_to_tokens(list(range(known)))
     flags = [">" in t or (p is not None and ">" in p) for t, p in zip(texts, pieces, strict=True)]
     flags += [True] * (vocab_size - known)
-    for s in StopChecker(tokenizer).stop_strings:
-        if not s.endswith(">"):  # a custom stop string: every token is a candidate
-            flags = [True] * vocab_size
+    if not all(s.endswith(">") for s in stop_strings):  # a custom stop string: every token
+        flags = [True] * vocab_size
     return torch.tensor(flags, dtype=torch.bool, device=device)
