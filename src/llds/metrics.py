@@ -28,6 +28,10 @@ SKIPPED_TOTAL = "optim/skipped_total"
 LLDS_LOSS = "llds/loss"
 LLDS_GATE_FRAC = "llds/gate_frac"
 LLDS_FIRST_STEP_GATE_FRAC = "llds/first_step_gate_frac"
+LLDS_REST_LOSS = "llds/rest_loss"
+"""`algo.llds.scope: batch`: the LLDS term on the rest of the batch, mean per mini-batch"""
+LLDS_REST_ROWS = "llds/rest_rows"
+"""`algo.llds.scope: batch`: responses drawn from the rest of the batch, mean per mini-batch"""
 # lazy likelihood displacement
 LOGP_CORRECT = "lld/logp_correct"
 LOGP_INCORRECT = "lld/logp_incorrect"
@@ -66,6 +70,20 @@ SHARE_COUNTS: dict[str, str] = {
     SHARE_POS_FELL_LATER_ACTIONS: N_POS_LATER_ACTIONS,
 }
 """each pooled share and the count of responses (or actions) it is a share of"""
+MINIBATCH_SHARE_PREFIX = "lld/minibatch/"
+"""`diagnostics.share_by_minibatch`: `lld/minibatch/share_pos_fell_kNN` and its count
+`lld/minibatch/n_pos_kNN`, NN the 1-based index of the response's mini-batch in the update"""
+
+
+def minibatch_share_keys(part: int) -> tuple[str, str]:
+    """The share and count keys of the 0-based mini-batch index `part`."""
+    tag = f"k{part + 1:02d}"
+    return (
+        f"{MINIBATCH_SHARE_PREFIX}share_pos_fell_{tag}",
+        f"{MINIBATCH_SHARE_PREFIX}n_pos_{tag}",
+    )
+
+
 # mismatch between the sampling policy and the trained one (`llds.monitor.mismatch`)
 MISMATCH_K3_KL = "mismatch/k3_kl"
 MISMATCH_ABS_LOGP_DIFF_MAX = "mismatch/abs_logp_diff_max"
@@ -97,6 +115,8 @@ def reduction_of(name: str) -> Reduction:
     mean weighted by each rank's number of rollouts."""
     if name in _BY_NAME:
         return _BY_NAME[name]
+    if name.startswith(MINIBATCH_SHARE_PREFIX):  # pooled over processes by the trainer
+        return "same"
     if name.endswith("_max") or name.startswith(("time/", "optim/")):
         return "max"
     if name.endswith("_min"):

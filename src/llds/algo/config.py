@@ -49,6 +49,16 @@ class LLDSConfig:
     valid searches per rollout of the batch"""
     answer_baseline: float = Field(default=2.0, gt=0, allow_inf_nan=False)
     """the divisor of LLDS-MA's schedule (the paper's 2)"""
+    scope: Literal["minibatch", "batch"] = "minibatch"
+    """which responses each mini-batch's LLDS hinge reaches. `minibatch`: its own (the paper's;
+    a response then meets LLDS only in its own mini-batch, against the drift of the updates
+    before it). `batch`: its own plus a sample of `batch_rows` preserving responses from the rest
+    of the rollout batch, a second LLDS term normalized over that sample, so that every update
+    after the first is penalized for the likelihood it takes from any part of the batch (one
+    extra forward/backward of the sample per mini-batch)"""
+    batch_rows: int = Field(default=32, ge=1)
+    """with `scope: batch`, how many preserving responses from the rest of the rollout batch
+    each mini-batch draws (fewer when fewer exist); drawn afresh per mini-batch, seeded"""
     first_update: Literal["zero", "computed"] = "zero"
     """LLDS on the first optimizer step of each rollout batch, where pi_theta == pi_old and
     `d = log pi_old - log pi_theta` is only float rounding noise. `zero`: LLDS is exactly 0 there

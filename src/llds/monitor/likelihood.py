@@ -179,6 +179,29 @@ def lld_share_metrics(
     return out
 
 
+def share_by_part(
+    logp_before: Tensor,
+    logp_after: Tensor,
+    mask: Tensor,
+    advantages: Tensor,
+    part_of_row: Sequence[int],
+) -> dict[int, tuple[int, int]]:
+    """`lld/share_pos_fell` split by a label of each row (its mini-batch index in the update):
+    `{part: (positive responses that fell, positive responses)}`, parts with no positive
+    response left out. Same definition as `lld_share_metrics`: a response pushed up (advantage
+    > 0) fell when its summed log-likelihood over model tokens went strictly down."""
+    m = mask.bool()
+    per_row = masked_fill_zero(logp_after.double() - logp_before.double(), m).sum(-1)
+    pos = (m.any(-1) & (advantages.reshape(-1).to(per_row.device) > 0)).tolist()
+    fell = (per_row < 0).tolist()
+    out: dict[int, tuple[int, int]] = {}
+    for part, p, f in zip(part_of_row, pos, fell, strict=True):
+        if p:
+            n_fell, n = out.get(part, (0, 0))
+            out[part] = (n_fell + int(f), n + 1)
+    return dict(sorted(out.items()))
+
+
 def group_correct_share(
     group_ids: Sequence[str], rewards: Tensor, correct_threshold: float = 0.5
 ) -> dict[str, float]:

@@ -141,6 +141,10 @@ class DiagnosticsConfig:
     LLDS on"""
     rollback_llds_coef: float = Field(default=0.2, ge=0)
     """LLDS lambda after a rollback (`on_alarm: rollback`)"""
+    share_by_minibatch: bool = False
+    """also log `lld/share_pos_fell` by the index k of the response's mini-batch in the update
+    (`lld/minibatch/share_pos_fell_kNN` with its count `lld/minibatch/n_pos_kNN`): a response in
+    mini-batch k meets LLDS (`scope: minibatch`) only against the drift of updates 1..k-1"""
     update_ratio: bool = True
     """log `optim/update_ratio` = ||delta theta|| / ||theta|| per step (keeps one copy of the
     trainable weights during the update; off with `enabled: false` too)"""

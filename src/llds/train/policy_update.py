@@ -19,8 +19,10 @@ from typing import Any
 import torch
 
 from llds import metrics as keys
-from llds.algo.objective import grpo_objective
+from llds.algo.llds import preserving_mask
+from llds.algo.objective import grpo_objective, llds_term
 from llds.algo.rollout_correction import importance_weights, no_correction
+from llds.errors import ConfigError
 from llds.monitor.mismatch import correction_metrics
 from llds.monitor.turns import void_turn_count
 from llds.policy.forward import plan_micro_batches, response_log_probs
@@ -135,6 +137,13 @@ class PolicyUpdate:
         self.sharded = sharded
         self.nonfinite_in_a_row = 0
         self.skipped_updates = 0
+        self.minibatch_of_row: list[int] = []
+        """each local row's mini-batch index (0-based, first epoch) in the last step's update"""
+        if sharded and cfg.algo.llds.scope == "batch":
+            raise ConfigError(
+                "algo.llds.scope=batch is not supported with FSDP (parallel.fsdp): each rank "
+                "would draw a different number of extra forward passes; use scope=minibatch"
+            )
 
     def run(
         self,
@@ -163,8 +172,10 @@ class PolicyUpdate:
         start = self._snapshot(params)
         n_global = cfg.prompts_per_step * cfg.rollout.group_size
         gen = torch.Generator().manual_seed(cfg.seed * 7_919 + k)
+        rest_gen = torch.Generator().manual_seed((cfg.seed * 15_485_863 + k) * 64 + self.dist.rank)
         stats = UpdateStats()
-        for _ in range(optim.epochs):
+        self.minibatch_of_row = [0] * len(batch)
+        for epoch in range(optim.epochs):
             cut = mini_batches(
                 gen,
                 global_rows,
@@ -173,7 +184,10 @@ class PolicyUpdate:
                 optim.minibatch_order,
                 cfg.rollout.group_size,
             )
-            for rows in cut:
+            for part, rows in enumerate(cut):
+                if epoch == 0:
+                    for row in rows:
+                        self.minibatch_of_row[row] = part
                 first = stats.start_mini_batch()
                 llds_acts = self._llds_acts(llds_coef, first)
                 counts = global_counts(self.dist, loss_mask[rows], adv[rows])
@@ -185,7 +199,9 @@ class PolicyUpdate:
                     stats.add(
                         st, _token_share(loss_mask, micro, rows), first=first, llds_acts=llds_acts
                     )
-                    (loss if self.scaler is None else self.scaler.scale(loss)).backward()
+                    self._backward(loss)
+                if llds_acts and cfg.algo.llds.scope == "batch":
+                    stats.add_rest(*self._rest_of_batch_llds(inputs, rows, rest_gen))
                 stats.add_update(self._clipped_step(params, k))
         out = stats.summary(optim.mini_batches * optim.epochs, self.dist.world)
         out[keys.SKIPPED_TOTAL] = self.skipped_updates
@@ -198,6 +214,47 @@ class PolicyUpdate:
             out[FILTERED_SHARE] = filtered
         self.optimizer.zero_grad(set_to_none=True)
         return out
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        (loss if self.scaler is None else self.scaler.scale(loss)).backward()
+
+    def _rest_of_batch_llds(
+        self, inputs: UpdateInputs, own_rows: list[int], gen: torch.Generator
+    ) -> tuple[float, int]:
+        """`algo.llds.scope: batch`: the LLDS term of a sample of preserving responses from the
+        rest of the rollout batch (not in this mini-batch), normalized over that sample, its
+        gradient added to the mini-batch's. Returns this process's share of the term's value
+        and the number of responses it drew."""
+        lc = self.cfg.algo.llds
+        preserving = preserving_mask(inputs.adv, inputs.loss_mask).any(-1).tolist()
+        rows = rest_of_batch_rows(preserving, own_rows, lc.batch_rows, gen)
+        sequences = self.dist.sum(torch.tensor(len(rows))).float().clamp(min=1)
+        tokens = self.dist.sum(inputs.loss_mask[rows].sum()).float().clamp(min=1)
+        total = 0.0
+        for micro in plan_micro_batches(inputs.batch, rows, self.cfg.optim.micro_batch_tokens):
+            sub = inputs.batch.select(micro)
+            w = sub.response_len
+            with self.precision.autocast():
+                lp, _ = response_log_probs(
+                    self.model,
+                    sub,
+                    temperature=self.cfg.rollout.temperature,
+                    share_prompts=not self.sharded,
+                )
+            reg, _ = llds_term(
+                lp,
+                inputs.old_logp[micro, :w].to(lp.device),
+                inputs.adv[micro].to(lp.device),
+                inputs.loss_mask[micro, :w].to(lp.device),
+                inputs.objective.llds,
+                answer_mask=sub.answer_mask.to(lp.device) if lc.mask_answer else None,
+                answer_weight=inputs.answer_weight,
+                num_sequences=sequences,
+                num_tokens=tokens,
+            )
+            self._backward(reg)
+            total += float(reg.detach())
+        return total, len(rows)
 
     def _loss(
         self, inputs: UpdateInputs, micro: list[int], counts: Counts, llds_acts: bool
@@ -318,6 +375,17 @@ class PolicyUpdate:
                 share_prompts=False,
             )
         (lp.sum() * 0.0).backward()
+
+
+def rest_of_batch_rows(
+    preserving: list[bool], own_rows: list[int], n: int, gen: torch.Generator
+) -> list[int]:
+    """`algo.llds.scope: batch`: up to `n` rows drawn without replacement from the preserving
+    rows outside the mini-batch `own_rows`, in row order."""
+    own = set(own_rows)
+    pool = [r for r, keep in enumerate(preserving) if keep and r not in own]
+    picks = torch.randperm(len(pool), generator=gen)[:n].tolist()
+    return sorted(pool[i] for i in picks)
 
 
 def _token_share(loss_mask: torch.Tensor, micro: list[int], rows: list[int]) -> float:

@@ -36,6 +36,7 @@ from llds.monitor.likelihood import (
     group_correct_share,
     group_hidden_similarity,
     lld_share_metrics,
+    share_by_part,
 )
 from llds.monitor.rollout_metrics import rollout_metrics
 from llds.policy.float_env import float_environment
@@ -595,6 +596,30 @@ class GRPOTrainer:
             group_accuracy=group_correct_share(batch.group_ids, batch.rewards),
         )
         out.update(self._pooled_over_processes(shares))
+        if self.cfg.diagnostics.share_by_minibatch:
+            parts = [self.updater.minibatch_of_row[r] for r in rows]
+            out.update(
+                self._share_by_minibatch(old_logp[rows, :w], new_logp, sub, adv[rows], parts)
+            )
+        return out
+
+    def _share_by_minibatch(
+        self, before: torch.Tensor, after: torch.Tensor, sub: RolloutBatch, adv, parts: list[int]
+    ) -> dict[str, float]:
+        """`diagnostics.share_by_minibatch`: the share by mini-batch index, pooled over
+        processes (counts summed)."""
+        n_parts = self.cfg.optim.mini_batches
+        table = torch.zeros(n_parts, 2, dtype=torch.float64)
+        for part, (fell, n) in share_by_part(before, after, sub.loss_mask, adv, parts).items():
+            table[part] = torch.tensor([fell, n], dtype=torch.float64)
+        table = self.dist.sum(table)
+        out: dict[str, float] = {}
+        for part in range(n_parts):
+            share_key, count_key = keys.minibatch_share_keys(part)
+            fell, n = table[part].tolist()
+            out[count_key] = n
+            if n > 0:
+                out[share_key] = fell / n
         return out
 
     def _pooled_over_processes(self, shares: dict[str, float]) -> dict[str, float]:

@@ -67,6 +67,12 @@ class UpdateStats:
             for key in LLDS_STATS:
                 acc[f"llds/{key}"] += float(stats[f"llds/{key}"]) * share
 
+    def add_rest(self, loss: float, rows: int) -> None:
+        """`algo.llds.scope: batch`: one mini-batch's LLDS term on the rest of the batch (this
+        process's share of it) and how many responses it drew."""
+        self.sums[keys.LLDS_REST_LOSS] += loss
+        self.sums[keys.LLDS_REST_ROWS] += rows
+
     def add_update(self, grad_norm: float | None) -> None:
         """An optimizer step's gradient norm before clipping; None: skipped (non-finite)."""
         if grad_norm is not None:
@@ -82,7 +88,7 @@ class UpdateStats:
                 1, self.first_mini_batches
             )
         sums = [k for k in out if k.startswith(EXTRA_LOSS_PREFIX)]
-        for key in (keys.PG_LOSS, keys.KL, keys.LLDS_LOSS, *sums):
+        for key in (keys.PG_LOSS, keys.KL, keys.LLDS_LOSS, keys.LLDS_REST_LOSS, *sums):
             if key in out:  # this rank's share of a global sum: the cross-rank mean restores it
                 out[key] *= processes
         out.update(self.extremes)

@@ -1,0 +1,141 @@
+"""The LLDS-strength study (PROTOCOL.md): its runs, resumable in the background, and each run's
+per-step logs copied into `results/runs/` for `tables.py`.
+
+    python experiments/theorem_world/warm_start.py --work runs/theorem_world   # once, first
+    python experiments/llds_strength/run.py --theorem runs/theorem_world --work runs/llds_strength
+    python experiments/llds_strength/run.py ... --dry-run     # each run's config; runs nothing
+    python experiments/llds_strength/run.py ... --collect     # copy the logs only
+
+Resumable: a finished run is skipped, an interrupted one resumes from its last checkpoint;
+`--parallel` runs at a time, one thread each, in the protocol's order (seed 1 of every arm,
+then seed 2, then seed 3). At the end, and at any time with `--collect`, every started run's
+`metrics.jsonl` goes to `results/runs/ARM/seedN/metrics.jsonl.gz` (with `alarms.jsonl` and the
+held-out evaluations' summaries), complete or not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import shutil
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _common import config_data, print_dry_run, run_unfinished
+from llds.report.strength_study import ARMS, SEEDS, WARM_EM
+from llds.train.config import load_config
+
+HERE = Path(__file__).resolve().parent
+LR = 3e-4  # the theorem study's calibrated rate (../theorem_world/results/calibration.json)
+
+
+def run_config(theorem: Path, work: Path, arm: str, seed: int):
+    """The run of `arm` for `seed`: base.yaml, the arm's overrides and the paths."""
+    return load_config(
+        HERE / "base.yaml",
+        [
+            f"run_dir={run_dir(work, arm, seed)}",
+            f"seed={seed}",
+            f"optim.lr={LR}",
+            f"model.path={theorem / 'model'}",
+            f"data.train={theorem / 'world' / 'train.jsonl'}",
+            f"data.eval={theorem / 'world' / 'test.jsonl'}",
+            f"retriever.source={theorem / 'world' / 'corpus.jsonl'}",
+            *ARMS[arm],
+        ],
+    )
+
+
+def run_dir(work: Path, arm: str, seed: int) -> Path:
+    return work / arm / f"seed{seed}"
+
+
+def ordered_runs(arms: Sequence[str], seeds: Sequence[int]) -> list[tuple[str, int]]:
+    """The protocol's order: seed 1 of every arm, then seed 2, then seed 3."""
+    return [(a, s) for s in seeds for a in arms]
+
+
+def ensure_world(theorem: Path) -> None:
+    """The world files (deterministic from the preset) when only the warm start is on disk."""
+    if (theorem / "world" / "train.jsonl").is_file():
+        return
+    from llds.data.world import WorldConfig, generate_world, write_world
+
+    write_world(generate_world(WorldConfig.preset("theorem")), theorem / "world")
+
+
+def check_warm_start(theorem: Path, work: Path) -> None:
+    """Step-0 held-out EM of the warm start, measured as the runs measure it; the study stops
+    unless it equals the theorem study's (the same warm start)."""
+    from llds.data.loaders import load_examples
+    from llds.evaluation.evaluate import evaluate
+    from llds.evaluation.periodic import eval_rollout_config
+    from llds.models.hf import load_policy
+    from llds.retrieval.factory import open_retriever
+    from llds.runs.eval_result import eval_file
+
+    out = eval_file(work / "warm_eval", 0)
+    if not out.is_file():
+        cfg = run_config(theorem, work, "lam0", 1)
+        model, tok = load_policy(cfg.model.path)
+        examples = load_examples(cfg.data.eval, limit=cfg.data.eval_limit)
+        retriever = open_retriever(cfg.retriever.source)
+        rollout = eval_rollout_config(cfg.rollout, cfg.eval_max_turns)
+        evaluate(model, tok, retriever, examples, rollout, template=None).write(out)
+    em = json.loads(out.read_text(encoding="utf-8"))["overall"]["em"]
+    print(f"warm start: held-out EM {em:.3f} (the theorem study's: {WARM_EM:.3f})", flush=True)
+    if abs(em - WARM_EM) > 1e-9:
+        raise SystemExit(f"{out}: the warm start is not the theorem study's; stopping")
+
+
+def collect(work: Path, results: Path, runs: Sequence[tuple[str, int]]) -> None:
+    """Copy every started run's per-step logs into `results/runs/ARM/seedN/`."""
+    for arm, seed in runs:
+        src = run_dir(work, arm, seed)
+        if not (src / "metrics.jsonl").is_file():
+            continue
+        dst = results / "runs" / arm / f"seed{seed}"
+        dst.mkdir(parents=True, exist_ok=True)
+        with (
+            (src / "metrics.jsonl").open("rb") as f,
+            gzip.open(dst / "metrics.jsonl.gz", "wb") as g,
+        ):
+            shutil.copyfileobj(f, g)
+        if (src / "alarms.jsonl").is_file():
+            shutil.copyfile(src / "alarms.jsonl", dst / "alarms.jsonl")
+        evals = {}
+        for path in sorted((src / "eval").glob("step_*.json")):
+            overall = json.loads(path.read_text(encoding="utf-8"))["overall"]
+            evals[path.stem] = overall
+        if evals:
+            (dst / "eval.json").write_text(json.dumps(evals, indent=1, sort_keys=True) + "\n")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--theorem", default="runs/theorem_world", help="world and warm start")
+    p.add_argument("--work", default="runs/llds_strength", help="the study's runs")
+    p.add_argument("--results", default=str(HERE / "results"), help="logs are copied here")
+    p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    p.add_argument("--seeds", nargs="+", type=int, default=list(SEEDS))
+    p.add_argument("--parallel", type=int, default=2)
+    p.add_argument("--dry-run", action="store_true")
+    p.add_argument("--collect", action="store_true", help="only copy the logs")
+    args = p.parse_args()
+    theorem, work, results = Path(args.theorem), Path(args.work), Path(args.results)
+    runs = ordered_runs(args.arms, args.seeds)
+    if args.dry_run:
+        print_dry_run([config_data(run_config(theorem, work, a, s)) for a, s in runs])
+        return
+    if not args.collect:
+        ensure_world(theorem)
+        check_warm_start(theorem, work)
+        run_unfinished([run_config(theorem, work, a, s) for a, s in runs], args.parallel)
+    collect(work, results, runs)
+
+
+if __name__ == "__main__":
+    main()
