@@ -101,9 +101,10 @@ def collect(work: Path, results: Path, runs: Sequence[tuple[str, int]]) -> None:
         dst.mkdir(parents=True, exist_ok=True)
         with (
             (src / "metrics.jsonl").open("rb") as f,
-            gzip.open(dst / "metrics.jsonl.gz", "wb") as g,
+            (dst / "metrics.jsonl.gz").open("wb") as raw,
+            gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as g,
         ):
-            shutil.copyfileobj(f, g)
+            shutil.copyfileobj(f, g)  # no name or time in the header: same log, same bytes
         if (src / "alarms.jsonl").is_file():
             shutil.copyfile(src / "alarms.jsonl", dst / "alarms.jsonl")
         evals = {}
