@@ -28,6 +28,7 @@ def rows(
 ) -> list[dict]:
     """`steps` logged rows: every step `n` pushed-up responses of which `share` fell (half in
     low-accuracy groups), 10 per mini-batch index with `by_k[k]` fell, held-out EM at 50."""
+
     def exact(p: float, count: int) -> float:  # a share over `count` that is a ratio of counts
         return round(p * count) / count
 

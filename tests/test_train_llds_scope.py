@@ -190,7 +190,9 @@ def test_scope_batch_adds_the_rest_of_the_batch_term(
             run = []
         keep = torch.tensor(gate_open) & m[i]
         per_row.append((torch.relu(d[i]) * keep).sum() / m[i].sum())
-        assert float(per_row[-1].detach()) == pytest.approx(_action_penalty(d_i, m[i].tolist()), abs=1e-6)
+        assert float(per_row[-1].detach()) == pytest.approx(
+            _action_penalty(d_i, m[i].tolist()), abs=1e-6
+        )
     want = 0.7 * torch.stack(per_row).mean()
     assert row[keys.LLDS_REST_LOSS] == pytest.approx(float(want) / 2, rel=1e-4)
     want.backward()

@@ -23,6 +23,7 @@ import importlib
 import pkgutil
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from types import ModuleType
 
 from llds import __version__, commands
@@ -34,7 +35,7 @@ from llds.config.cli import (
     resolve,
 )
 from llds.errors import UserInputError
-from llds.io import check_directory_target
+from llds.io import check_directory_target, write_failure
 
 
 def _command_modules() -> dict[str, ModuleType]:
@@ -86,9 +87,17 @@ def run_command(args: argparse.Namespace) -> int:
     if args.print_config:
         print_config(cfg)
         return 0
-    for key in getattr(args._module, "OUTPUT_DIRS", ()):  # before any work starts
-        check_directory_target(key, _field(cfg, key))
-    return int(args._module.run(cfg, args) or 0)
+    outputs = [_field(cfg, key) for key in getattr(args._module, "OUTPUT_DIRS", ())]
+    for key, path in zip(getattr(args._module, "OUTPUT_DIRS", ()), outputs, strict=True):
+        check_directory_target(key, path)  # before any work starts
+    new = [Path(p) for p in outputs if p not in (None, "") and not Path(p).exists()]
+    try:
+        return int(args._module.run(cfg, args) or 0)
+    except BaseException:
+        for path in new:  # an output directory this command made and left empty goes
+            if path.is_dir() and not any(path.iterdir()):
+                path.rmdir()
+        raise
 
 
 def _field(cfg: object, key: str) -> object:
@@ -116,6 +125,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except UserInputError as exc:  # bad input named by the raiser: no traceback for the user
         print(f"llds {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # a write that failed where no writer of ours named it
+        why = write_failure(exc)
+        if why is None:
+            raise
+        where = getattr(exc, "filename", None)
+        print(
+            f"llds {args.command}: error: a write failed ({why}{f': {where}' if where else ''}); "
+            "free space or fix the permission, then run the same command",
+            file=sys.stderr,
+        )
         return 2
 
 

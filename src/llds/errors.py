@@ -18,3 +18,13 @@ class DataFormatError(UserInputError):
 class ServiceUnavailableError(UserInputError):
     """A service the command needs (the retriever) stayed unreachable; the message names it and
     says how to go on. Not a bug, so the CLI shows the message without a traceback."""
+
+
+class WriteFailedError(UserInputError):
+    """A file could not be written (a full disk, a quota, a permission); the message names it and
+    says what was kept. Not a bug, so the CLI shows the message without a traceback."""
+
+    def __init__(self, message: str, *, path: object = None, why: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.why = why

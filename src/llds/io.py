@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -11,7 +12,60 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-from llds.errors import DataFormatError, UserInputError
+from llds.errors import DataFormatError, UserInputError, WriteFailedError
+
+NO_SPACE = "no space left on device"
+_NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+_WRITE_ERRNOS = (*_NO_SPACE_ERRNOS, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO, errno.EFBIG)
+_NO_SPACE_TEXT = ("no space left", "storagefull", "code: 28", "disk quota")
+_WRITER_TEXT = ("file write failed", "unexpected pos", "ioerror", "failed writing", "os error")
+
+
+def write_failure(exc: BaseException, path: str | os.PathLike[str] | None = None) -> str | None:
+    """Why a write failed, when `exc` is a failed write, else None. Writers fail in their own
+    ways: Python raises `OSError`, torch's zip writer a `RuntimeError` ("file write failed",
+    "unexpected pos"), safetensors a `SafetensorError` naming the OS error. A writer error on a
+    file system with no space left (`path`'s) is reported as such."""
+    if isinstance(exc, OSError):
+        if exc.errno in _NO_SPACE_ERRNOS:
+            return NO_SPACE
+        return (exc.strerror or type(exc).__name__) if exc.errno in _WRITE_ERRNOS else None
+    text = str(exc).lower()
+    if not isinstance(exc, RuntimeError) and type(exc).__name__ != "SafetensorError":
+        return None
+    if any(t in text for t in _NO_SPACE_TEXT):
+        return NO_SPACE
+    if not any(t in text for t in _WRITER_TEXT):
+        return None
+    return NO_SPACE if path is not None and _out_of_space(Path(path)) else "the write failed"
+
+
+def _out_of_space(path: Path, margin: int = 1 << 20) -> bool:
+    """Whether the file system holding `path` has (almost) no free space."""
+    for p in (path, *path.parents):
+        if p.exists():
+            try:
+                return shutil.disk_usage(p).free < margin
+            except OSError:
+                return False
+    return False
+
+
+@contextmanager
+def failing_writes_stop(path: str | os.PathLike[str], kept: str) -> Iterator[None]:
+    """A failed write inside (a full disk, a quota, a permission) becomes one
+    `WriteFailedError` line naming `path`, why, and `kept` (what is intact, what to do)."""
+    try:
+        yield
+    except WriteFailedError:
+        raise
+    except Exception as exc:
+        why = write_failure(exc, path)
+        if why is None:
+            raise
+        raise WriteFailedError(
+            f"{path} could not be written ({why}); {kept}", path=path, why=why
+        ) from None
 
 
 @contextmanager
@@ -21,15 +75,18 @@ def atomic_write(path: str | os.PathLike[str], mode: str = "w", **kwargs: Any) -
     A crash or an exception leaves the previous file untouched, never a half-written one.
     """
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    kept = "the previous file, if any, is intact"
+    with failing_writes_stop(target, kept):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes a private file; give it normal permissions
     try:
-        with os.fdopen(fd, mode, **kwargs) as handle:
-            yield handle
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, target)
+        with failing_writes_stop(target, kept):
+            with os.fdopen(fd, mode, **kwargs) as handle:
+                yield handle
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

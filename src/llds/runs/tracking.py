@@ -7,10 +7,10 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-from llds.errors import ConfigError
-from llds.io import atomic_write
+from llds.errors import ConfigError, WriteFailedError
+from llds.io import atomic_write, failing_writes_stop
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -49,6 +49,17 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
             except json.JSONDecodeError:
                 break
     return rows
+
+
+def _cut_back(handle: IO[str], path: Path, size: int) -> IO[str]:
+    """Drop a torn row: the log cut back to `size` bytes, reopened for appending (the buffered
+    part of the row that did not fit is discarded with the old handle)."""
+    try:
+        handle.close()
+    except OSError:
+        pass  # its buffer held the row that did not fit
+    os.truncate(path, size)
+    return path.open("a", encoding="utf-8")
 
 
 def _clean(value: Any) -> Any:
@@ -97,9 +108,16 @@ class MetricsLogger:
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         row = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
-        self._file.write(json.dumps(row) + "\n")
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        end = self._file.tell()
+        kept = f"the rows before step {step} are intact: free space, then run the same command"
+        try:
+            with failing_writes_stop(self.path, kept):
+                self._file.write(json.dumps(row) + "\n")
+                self._file.flush()
+                os.fsync(self._file.fileno())
+        except WriteFailedError:
+            self._file = _cut_back(self._file, self.path, end)
+            raise
         numeric = {k: v for k, v in row.items() if isinstance(v, int | float) and k != "step"}
         if self._tb is not None:
             for k, v in numeric.items():

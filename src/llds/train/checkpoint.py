@@ -30,8 +30,8 @@ import numpy as np
 import torch
 
 from llds.env.protocol import Protocol
-from llds.errors import UserInputError
-from llds.io import atomic_write, write_json
+from llds.errors import WriteFailedError
+from llds.io import atomic_write, write_failure, write_json
 from llds.policy.lora import is_lora, save_lora
 
 LATEST = "latest"
@@ -47,22 +47,39 @@ OPTIM = "optim.pt"
 _STEP_DIR = re.compile(r"step_(\d+)")
 
 
-class CheckpointWriteError(UserInputError):
+class CheckpointWriteError(WriteFailedError):
     """A checkpoint could not be written (disk full, permission); earlier ones are intact."""
 
 
+class _Writing:
+    """Which file of a checkpoint is being written, for the error line when a write fails
+    with an error that does not name it (torch's and safetensors' do not)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+
 @contextmanager
-def failing_write_stops(tmp: Path) -> Iterator[None]:
-    """An `OSError` inside (a full disk, a permission) removes the partial directory `tmp` and
-    becomes one `CheckpointWriteError` line naming the checkpoint."""
+def failing_write_stops(tmp: Path) -> Iterator[_Writing]:
+    """A failed write inside (a full disk, a permission; an `OSError`, or torch's or
+    safetensors' own error for it) removes the partial directory `tmp` and becomes one
+    `CheckpointWriteError` line naming the checkpoint and the file (the block may set
+    `.path` of what it yields to the file it is about to write)."""
+    writing = _Writing(tmp)
     try:
-        yield
-    except OSError as exc:
+        yield writing
+    except Exception as exc:
+        if isinstance(exc, WriteFailedError):  # a helper that already named its file
+            why, where = exc.why, exc.path
+        else:
+            why = write_failure(exc, tmp)
+            where = getattr(exc, "filename", None) or writing.path
+        if why is None:
+            raise
         shutil.rmtree(tmp, ignore_errors=True)
-        why = exc.strerror or type(exc).__name__
         raise CheckpointWriteError(
             f"checkpoint {tmp.parent}/{tmp.name.removeprefix('.tmp_')} could not be written "
-            f"({why}: {exc.filename or tmp}); the earlier checkpoints are intact: free space or "
+            f"({why}: {where}); the earlier checkpoints are intact: free space or "
             "fix the permission, then run the same command to resume"
         ) from None
 
@@ -128,11 +145,14 @@ def write_checkpoint_files(
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # one progress line per checkpoint is noise in the run log
-    with failing_write_stops(tmp):
+    with failing_write_stops(tmp) as writing:
+        writing.path = tmp / "model"
         if is_lora(model):  # the adapter, and the merged weights as a plain model
             save_lora(model, tmp)
         else:
+            writing.path = tmp / "model" / "model.safetensors"
             model.save_pretrained(tmp / "model", safe_serialization=True, state_dict=state_dict)
+        writing.path = tmp / "model"
         tokenizer.save_pretrained(tmp / "model")
         if protocol is not None:
             protocol.write(tmp / "model")
@@ -141,7 +161,9 @@ def write_checkpoint_files(
             blobs["optimizer"] = optimizer.state_dict()
         if grad_scaler is not None:
             blobs["grad_scaler"] = grad_scaler.state_dict()
+        writing.path = tmp / OPTIM
         torch.save(blobs, tmp / OPTIM)
+        writing.path = tmp / TRAINER_STATE
         state = {**trainer_state, FORMAT_KEY: CHECKPOINT_FORMAT}
         (tmp / TRAINER_STATE).write_text(json.dumps(state, indent=2), encoding="utf-8")
 

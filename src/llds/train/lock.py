@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from llds.errors import UserInputError
+from llds.errors import UserInputError, WriteFailedError
+from llds.io import failing_writes_stop
 
 log = logging.getLogger("llds.train")
 
@@ -44,6 +45,17 @@ class RunLock:
         self._fd: int | None = None
 
     def acquire(self) -> RunLock:
+        """Take the lock and write the holder's PID into its file. A write that fails there (a
+        full disk) is one line, and leaves no lock file behind."""
+        kept = "nothing in the run directory was changed: free space, then run the same command"
+        try:
+            with failing_writes_stop(self.path, kept):
+                return self._acquire()
+        except WriteFailedError:
+            self.release()
+            raise
+
+    def _acquire(self) -> RunLock:
         import fcntl
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -69,10 +81,10 @@ class RunLock:
                 self.run_dir,
                 stale,
             )
+        self._fd = fd
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"PID {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}".encode(), 0)
         os.fsync(fd)
-        self._fd = fd
         return self
 
     def release(self) -> None:

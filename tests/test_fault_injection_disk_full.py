@@ -1,0 +1,204 @@
+"""A full disk, for real: `llds train` and `llds report` on a small tmpfs filled to a chosen
+number of free bytes, so that the disk runs out at a given write (the lock file, the metrics
+log, the checkpoint's weights, its optimizer state, the report). Each case ends in one line
+naming the path and "no space left on device" with exit code 2; everything written before is
+byte-identical, no temporary file or lock is left, and once space is freed the same command
+resumes and finishes.
+
+The tmpfs is mounted by the test (root may mount, as in CI); where mounting is not permitted
+the tests are skipped, saying so. Injected errors are tested beside (test_fault_injection_resume).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import write_run_inputs
+from llds.cli import main
+from llds.runs.tracking import read_metrics
+from llds.train.checkpoint import OPTIM
+
+DISK_BYTES = 24 << 20
+PAGE = 4096
+
+
+@pytest.fixture
+def disk(tmp_path: Path):
+    """A fresh 24 MiB tmpfs at tmp_path/disk, unmounted afterwards."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    proc = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={DISK_BYTES}", "tmpfs", str(mount)],
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0:
+        pytest.skip(f"mounting a tmpfs is not permitted here: {proc.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory, small_world, world_tokenizer) -> Path:
+    """A world, a tiny model and a config of checkpoints at every step (off the small disk)."""
+    root = tmp_path_factory.mktemp("disk_full_inputs")
+    write_run_inputs(
+        root, small_world, world_tokenizer, steps=1, save_every=1, threads=1, keep_checkpoints=3
+    )
+    return root
+
+
+def leave_free(disk: Path, free: int) -> Path:
+    """Fill `disk` with one file, then give back `free` bytes (whole pages)."""
+    filler = disk / "filler"
+    chunk = b"\0" * (1 << 20)
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        for size in (1 << 20, PAGE):  # unbuffered: what fits is written, then ENOSPC
+            while True:
+                try:
+                    os.write(fd, chunk[:size])
+                except OSError as exc:
+                    assert exc.errno == errno.ENOSPC
+                    break
+    finally:
+        os.close(fd)
+    size = filler.stat().st_size
+    os.truncate(filler, max(0, size - -(-free // PAGE) * PAGE))
+    return filler
+
+
+def train(inputs: Path, run: Path, steps: int, capsys) -> tuple[int, str]:
+    args = ["train", "--config", str(inputs / "cfg.yaml"), f"run_dir={run}", f"steps={steps}"]
+    rc = main(args)
+    out = capsys.readouterr()
+    return rc, out.out + out.err
+
+
+def one_line(rc: int, output: str, command: str = "train") -> str:
+    assert rc == 2, output
+    assert "Traceback" not in output
+    lines = [x for x in output.splitlines() if x.startswith(f"llds {command}: error: ")]
+    assert len(lines) == 1, output
+    assert "no space left on device" in lines[0], lines[0]
+    return lines[0]
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name != "filler"
+    }
+
+
+def sizes(run: Path) -> dict[str, int]:
+    ckpt = run / "checkpoints" / "step_000001"
+    total = sum(p.stat().st_size for p in ckpt.rglob("*") if p.is_file())
+    return {
+        "weights": (ckpt / "model" / "model.safetensors").stat().st_size,
+        "checkpoint": total,
+        "metrics": (run / "metrics.jsonl").stat().st_size,
+    }
+
+
+def leftovers(disk: Path) -> list[str]:
+    return sorted(
+        str(p.relative_to(disk))
+        for p in disk.rglob("*")
+        if p.name.startswith((".tmp", ".run.lock")) or p.name.endswith(".tmp")
+    )
+
+
+def fill_once_rewritten(disk: Path, log: Path) -> threading.Thread:
+    """Fill the disk as soon as `log` has been rewritten (a new file at its path: what
+    `llds train` does first on a resume), so that the next write that needs a page fails."""
+    inode = log.stat().st_ino
+
+    def watch() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if log.stat().st_ino != inode:
+                    leave_free(disk, 0)
+                    return
+            except FileNotFoundError:
+                pass
+            time.sleep(0.001)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+# where the disk runs out -> the file the error line names
+NAMED = {
+    "start": ".run.lock",
+    "metrics row": "run/metrics.jsonl",
+    "checkpoint weights": "model.safetensors",
+    "checkpoint optimizer": OPTIM,
+}
+
+
+@pytest.mark.parametrize("where", list(NAMED))
+def test_train_on_a_full_disk_stops_with_one_line_and_resumes(inputs, disk, capsys, where) -> None:
+    run = disk / "run"
+    rc, out = train(inputs, run, 1, capsys)
+    assert rc == 0, out
+    before = snapshot(run)
+    size = sizes(run)
+    if where == "metrics row":
+        filler = disk / "filler"
+        watcher = fill_once_rewritten(disk, run / "metrics.jsonl")
+    else:  # the step's metrics row fits, then its checkpoint (weights first) does not
+        free = {
+            "start": 0,
+            "checkpoint weights": size["metrics"] * 3 + size["weights"] // 2,
+            "checkpoint optimizer": size["metrics"] * 3 + size["weights"] + 8 * PAGE,
+        }[where]
+        filler = leave_free(disk, free)
+    line = one_line(*train(inputs, run, 2, capsys))
+    if where == "metrics row":
+        watcher.join()
+    assert f"{disk}/" in line and NAMED[where] in line, line
+    if where.startswith("checkpoint"):
+        assert "checkpoint" in line and "step_000002" in line, line
+        assert [r["step"] for r in read_metrics(run)] == [1, 2]
+    else:
+        assert [r["step"] for r in read_metrics(run)] == [1]
+    after = snapshot(run)
+    for name, data in before.items():
+        if name == "metrics.jsonl":  # the earlier rows byte for byte, perhaps one more row
+            assert after[name].startswith(data), where
+            assert after[name].endswith(b"\n")  # no torn row
+        else:
+            assert after[name] == data, (where, name)
+    assert leftovers(disk) == []
+    filler.unlink()
+    rc, out = train(inputs, run, 2, capsys)
+    assert rc == 0, out
+    assert [r["step"] for r in read_metrics(run)] == [1, 2]
+    assert (run / "checkpoints" / "step_000002").is_dir()
+    assert leftovers(disk) == []
+
+
+def test_report_on_a_full_disk_names_its_file(inputs, disk, tmp_path, capsys) -> None:
+    run = tmp_path / "run"  # the run off the small disk, its report onto it
+    assert train(inputs, run, 1, capsys)[0] == 0
+    out = disk / "report"
+    leave_free(disk, 0)
+    rc = main(["report", str(run), "--out", str(out)])
+    captured = capsys.readouterr()
+    line = one_line(rc, captured.out + captured.err, "report")
+    assert f"{out}/" in line, line
+    assert leftovers(disk) == []
+    assert not out.exists()  # the directory it made, empty, is gone
