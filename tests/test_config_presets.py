@@ -68,22 +68,38 @@ def test_presets_by_name_and_as_bases(tmp_path, monkeypatch):
         load_config("organsim")
 
 
-def test_a_preset_names_the_command_that_makes_its_missing_inputs(tmp_path, monkeypatch, capsys):
+def test_a_preset_names_the_command_that_makes_its_missing_inputs(
+    tmp_path, monkeypatch, capsys, world_tokenizer
+):
+    from conftest import make_tiny_model
+    from llds.models.tiny import save_tiny
+
     monkeypatch.chdir(tmp_path)  # a fresh directory: nothing made yet
     cfg = load_config("organism")
     with pytest.raises(UserInputError) as err:
         check_inputs(cfg)
     assert str(err.value) == (
         "data.train: runs/demo/world/train.jsonl does not exist (paths are relative to the "
-        "working directory); make it with `llds demo --skip-train`"
+        "working directory); make it with `llds demo --skip-train --out runs/demo`"
     )
     assert main(["train", "--config", "organism"]) == 2  # before any model is loaded
-    assert "make it with `llds demo --skip-train`" in capsys.readouterr().err
+    assert "make it with `llds demo --skip-train --out runs/demo`" in capsys.readouterr().err
+    # a file of the user's own is not something the preset's command makes: no hint
+    with pytest.raises(UserInputError) as err:
+        check_inputs(load_config("organism", ["data.train=my/questions.jsonl"]))
+    assert str(err.value) == (
+        "data.train: my/questions.jsonl does not exist (paths are relative to the working "
+        "directory)"
+    )
     for made in ("world/train.jsonl", "world/test.jsonl", "world/corpus.jsonl"):
         _write(tmp_path / "runs" / "demo" / made, "")
     with pytest.raises(UserInputError, match=r"^model\.path: runs/demo/sft/model does not"):
         check_inputs(cfg)
-    (tmp_path / "runs" / "demo" / "sft" / "model").mkdir(parents=True)
+    model = tmp_path / "runs" / "demo" / "sft" / "model"
+    model.mkdir(parents=True)  # there, but empty: not a model directory
+    with pytest.raises(UserInputError, match=r"^model\.path: .*has no config\.json"):
+        check_inputs(cfg)
+    save_tiny(make_tiny_model(world_tokenizer), world_tokenizer, model)
     check_inputs(cfg)  # every input there
 
 

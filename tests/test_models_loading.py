@@ -48,8 +48,12 @@ def test_dtype_and_resave_over_existing_dir(saved_tiny) -> None:
 
 def test_bad_paths_are_named(tmp_path: Path) -> None:
     missing = tmp_path / "no_such_model"
-    with pytest.raises(UserInputError, match=f"model path '{missing}' is not a directory"):
+    with pytest.raises(UserInputError, match=f"model path '{missing}' does not exist"):
         load_policy(str(missing))
+    a_file = tmp_path / "weights.bin"
+    a_file.write_bytes(b"")
+    with pytest.raises(UserInputError, match=f"model path '{a_file}' is not a directory"):
+        load_policy(str(a_file))
     with pytest.raises(UserInputError, match=r"has no config\.json"):
         load_policy(tmp_path)
     with pytest.raises(UserInputError, match=r"'nobody/not-a-cached-model'.*local Hugging Face"):

@@ -34,6 +34,7 @@ from llds.config.cli import (
     print_config,
     resolve,
 )
+from llds.config.loader import collecting_missing
 from llds.errors import UserInputError
 from llds.io import check_directory_target, write_failure
 
@@ -83,10 +84,12 @@ def command_parser(name: str, module: ModuleType) -> argparse.ArgumentParser:
 
 def run_command(args: argparse.Namespace) -> int:
     """The config the command line describes, printed (`--print-config`) or run."""
-    cfg = command_config(args)
-    if args.print_config:
-        print_config(cfg)
+    if args.print_config:  # what it has: required keys not set yet are shown, not refused
+        with collecting_missing() as absent:
+            cfg = command_config(args)
+        print_config(cfg, absent)
         return 0
+    cfg = command_config(args)
     outputs = [_field(cfg, key) for key in getattr(args._module, "OUTPUT_DIRS", ())]
     for key, path in zip(getattr(args._module, "OUTPUT_DIRS", ()), outputs, strict=True):
         check_directory_target(key, path)  # before any work starts

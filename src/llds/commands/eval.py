@@ -18,10 +18,13 @@ CONFIG = "llds.evaluation.evaluate:EvalConfig"
 
 def run(cfg: Any, args: argparse.Namespace) -> int:
     from llds.evaluation.evaluate import results_table, run_evaluation
+    from llds.models.hf import check_model_source
 
+    check_model_source("model", cfg.model)
     protocol, source = cfg.protocol.resolve(cfg.model)
-    print(f"protocol from {source}, overrides applied: {protocol}")
     results = run_evaluation(cfg, protocol)
+    # after the work, so that an input refused on the way is the only line printed
+    print(f"protocol from {source}, overrides applied: {protocol}")
     print(results_table(results))
     if cfg.out:
         print(f"results written to {cfg.out}")

@@ -21,11 +21,14 @@ CONFIG = "llds.probe.one_step:ProbeConfig"
 
 
 def run(cfg: Any, args: argparse.Namespace) -> int:
+    from llds.models.hf import check_model_source
     from llds.probe.one_step import probe_model
 
+    check_model_source("model", cfg.model)
     protocol, source = cfg.protocol.resolve(cfg.model)
-    print(f"protocol from {source}, overrides applied: {protocol}")
     summary, results = probe_model(cfg, protocol)
+    # after the work, so that an input refused on the way is the only line printed
+    print(f"protocol from {source}, overrides applied: {protocol}")
     if results:
         print(
             f"probed {summary['probed']} questions with mixed groups; "

@@ -15,7 +15,7 @@ import dataclasses
 import importlib
 import re
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -112,9 +112,12 @@ def command_config(args: argparse.Namespace) -> Any:
     return spec.load(args.config, given)
 
 
-def print_config(cfg: Any) -> None:
-    """What `--print-config` shows: the config as YAML (a file `--config` reads back)."""
+def print_config(cfg: Any, absent: Sequence[tuple[str, str]] = ()) -> None:
+    """What `--print-config` shows: the config as YAML (a file `--config` reads back), then a
+    comment for each required key still to set (`absent`: `(key, why)`)."""
     print(to_yaml(cfg), end="")
+    for key, why in absent:
+        print(f"# not set yet: {key}: {why}")
 
 
 def _set_once(given: dict[str, Override], key: str, value: Override, flag: str) -> None:

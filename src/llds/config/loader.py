@@ -11,7 +11,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -330,6 +332,23 @@ def gather(
     return got
 
 
+_COLLECT_MISSING: ContextVar[list[tuple[str, str]] | None] = ContextVar(
+    "collect_missing", default=None
+)
+
+
+@contextmanager
+def collecting_missing() -> Iterator[list[tuple[str, str]]]:
+    """Inside, a config with required keys left empty is built anyway and those keys are
+    collected (`--print-config` shows what it has, the empty keys marked) instead of refused."""
+    found: list[tuple[str, str]] = []
+    token = _COLLECT_MISSING.set(found)
+    try:
+        yield found
+    finally:
+        _COLLECT_MISSING.reset(token)
+
+
 def build(cls: type[T], got: Gathered) -> T:
     """Validate gathered data into `cls` and refuse a required key left empty; the first
     failure is one line naming the key and the file or command line that set it."""
@@ -337,7 +356,11 @@ def build(cls: type[T], got: Gathered) -> T:
         cfg = _adapter(cls).validate_python(got.data)
     except ValidationError as exc:
         raise config_error(exc, cls, source_of=got.source_of) from None
+    collected = _COLLECT_MISSING.get()
     for key, why in missing(cfg):
+        if collected is not None:
+            collected.append((key, why))
+            continue
         source = got.source_of(key)
         raise ConfigError(f"{source}: {key}: {why}" if source else f"{key}: {why}")
     return cfg

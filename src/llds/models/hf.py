@@ -21,8 +21,74 @@ def _torch_dtype(dtype: str) -> Any:
 
 
 def _looks_like_path(name: str) -> bool:
-    """Paths are resolved by us; everything else goes to the hub resolution (cache, or download)."""
-    return name.startswith((".", "/", "~")) or Path(name).expanduser().exists()
+    """Paths are resolved by us; everything else goes to the hub resolution (cache, or download).
+    A hub id is `name` or `org/name`: more slashes, a leading `.`, `/` or `~`, or a first part
+    that is a local directory (`runs/model` where `runs/` exists) make it a path, so that a
+    mistyped local path is named at once instead of being looked up on the hub."""
+    if name.startswith((".", "/", "~")) or name.endswith("/") or name.count("/") >= 2:
+        return True
+    path = Path(name).expanduser()
+    return path.exists() or (len(path.parts) > 1 and Path(path.parts[0]).is_dir())
+
+
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer.model",
+    "vocab.json",
+    "vocab.txt",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+)
+"""a model directory holds its tokenizer in one of these (transformers' fast or slow formats)"""
+
+
+def check_model_directory(path: Path, name: str) -> None:
+    """Refuse, before anything loads, a model directory transformers would load wrong or late:
+    no config.json, no tokenizer (transformers would make an empty one), no weights, or a
+    safetensors file shorter than its header says (a copy cut short)."""
+    if not (path / "config.json").is_file():
+        raise UserInputError(
+            f"model directory {name!r} has no config.json (not a Hugging Face model directory)"
+        )
+    if not any((path / f).is_file() for f in TOKENIZER_FILES):
+        raise UserInputError(
+            f"model directory {name!r} has no tokenizer ({', '.join(TOKENIZER_FILES[:3])}, ...): "
+            "save the tokenizer beside the model (tokenizer.save_pretrained(DIR))"
+        )
+    safetensors = sorted(path.glob("*.safetensors"))
+    if not safetensors and not any(path.glob("pytorch_model*.bin")):
+        raise UserInputError(
+            f"model directory {name!r} has no weights (model.safetensors or pytorch_model.bin)"
+        )
+    for file in safetensors:
+        problem = safetensors_problem(file)
+        if problem:
+            raise UserInputError(f"model directory {name!r}: {file.name} {problem}")
+
+
+def safetensors_problem(file: Path) -> str | None:
+    """What is wrong with a safetensors file, read from its header alone (no tensor is loaded):
+    None when the header parses and the file holds every byte the header's tensors need."""
+    import json
+    import struct
+
+    size = file.stat().st_size
+    with file.open("rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            return f"is damaged ({size} bytes, no safetensors header)"
+        (n,) = struct.unpack("<Q", head)
+        if 8 + n > size:
+            return f"is truncated: its header alone needs {8 + n} bytes, the file has {size}"
+        try:
+            header = json.loads(f.read(n))
+        except (UnicodeDecodeError, ValueError):
+            return "is damaged (its header is not valid JSON)"
+    ends = [t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"]
+    need = 8 + n + max(ends, default=0)
+    if need > size:
+        return f"is truncated: its tensors need {need} bytes, the file has {size}; copy it again"
+    return None
 
 
 def resolve_model_source(name_or_path: str | Path) -> str:
@@ -34,14 +100,25 @@ def resolve_model_source(name_or_path: str | Path) -> str:
     name = str(name_or_path)
     if isinstance(name_or_path, Path) or _looks_like_path(name):
         path = Path(name).expanduser()
+        if not path.exists():
+            raise UserInputError(f"model path {name!r} does not exist")
         if not path.is_dir():
             raise UserInputError(f"model path {name!r} is not a directory")
-        if not (path / "config.json").is_file():
-            raise UserInputError(
-                f"model directory {name!r} has no config.json (not a Hugging Face model directory)"
-            )
+        check_model_directory(path, name)
         return str(path)
     return name
+
+
+def check_model_source(key: str, name: str) -> None:
+    """The model a command will load, checked before any work: a local directory that is
+    missing, incomplete or cut short is one line naming `key` (hub ids and the packaged
+    `smollm2` are left to their loaders)."""
+    if name == "smollm2":
+        return
+    try:
+        resolve_model_source(name)
+    except UserInputError as exc:
+        raise UserInputError(f"{key}: {exc}") from None
 
 
 def prepare_tokenizer(tokenizer: Any) -> Any:

@@ -146,6 +146,10 @@ def run(cfg: SFTConfig) -> dict[str, Any]:
     import json
 
     cfg.validate()
+    if cfg.model:  # before the data is prepared: a broken model directory is named at once
+        from llds.models.hf import check_model_source
+
+        check_model_source("model", cfg.model)
     if cfg.threads:
         import torch
 

@@ -7,6 +7,7 @@ Types, choices and single-field ranges are declared on the fields (pydantic vali
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
@@ -229,7 +230,8 @@ class TrainConfig:
     """sharding over processes"""
     make_inputs: str = ""
     """the command that makes the model, data and corpus this config names (a preset's
-    `llds demo --skip-train`); `llds train` says it when one of them does not exist"""
+    `llds demo --skip-train --out runs/demo`); `llds train` says it when one of them does not
+    exist inside the directory its `--out` names (not for a file of the user's own)"""
 
     def __post_init__(self) -> None:
         """Checks that involve several sections; one top-k (`retriever.topk`) for the run."""
@@ -348,13 +350,30 @@ def _refuse_second_topk(data: Mapping[str, object], source: str | None) -> None:
 def check_inputs(cfg: TrainConfig) -> None:
     """Refuse a local input (model, data, corpus) that does not exist, in one line that says
     how to make it: the config's `make_inputs`, else where relative paths start from."""
+    from llds.models.hf import check_model_source
+
     for key, path in _local_inputs(cfg):
         if Path(path).expanduser().exists():
             continue
-        how = f"; make it with `{cfg.make_inputs}`" if cfg.make_inputs else ""
+        fits = any(_inside(path, out) for out in made_by(cfg.make_inputs))
+        how = f"; make it with `{cfg.make_inputs}`" if fits else ""
         raise UserInputError(
             f"{key}: {path} does not exist (paths are relative to the working directory){how}"
         )
+    check_model_source("model.path", cfg.model.path)  # config, tokenizer, weights whole
+
+
+def made_by(command: str) -> list[str]:
+    """The directories a `make_inputs` command writes: the values of its `--out` options."""
+    words = command.split()
+    outs = [w.split("=", 1)[1] for w in words if w.startswith("--out=")]
+    outs += [b for a, b in itertools.pairwise(words) if a == "--out"]
+    return outs
+
+
+def _inside(path: str, directory: str) -> bool:
+    p, d = Path(path).expanduser().absolute(), Path(directory).expanduser().absolute()
+    return p == d or d in p.parents
 
 
 def _local_inputs(cfg: TrainConfig) -> list[tuple[str, str]]:
