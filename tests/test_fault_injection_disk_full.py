@@ -202,3 +202,25 @@ def test_report_on_a_full_disk_names_its_file(inputs, disk, tmp_path, capsys) ->
     assert f"{out}/" in line, line
     assert leftovers(disk) == []
     assert not out.exists()  # the directory it made, empty, is gone
+
+
+@pytest.mark.parametrize("command", ["world", "report", "index"])
+def test_an_output_on_a_read_only_disk_is_refused_before_any_work(
+    inputs, disk, capsys, command
+) -> None:
+    """A real read-only file system (root may write anywhere else): the output directory is
+    named as not writable before any work, and nothing is made."""
+    subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+    out = disk / "out"
+    args = {
+        "world": ["world", "--out", str(out)],
+        "report": ["report", str(inputs), "--out", str(out)],
+        "index": ["index", f"corpus={inputs / 'world' / 'corpus.jsonl'}", "--out", str(out)],
+    }[command]
+    rc = main(args)
+    captured = capsys.readouterr()
+    output = captured.out + captured.err
+    assert rc == 2 and "Traceback" not in output
+    why = f"not writable ({disk} is not); give a directory you can write"
+    assert output.strip() == f"llds {command}: error: out={out}: {why}"
+    assert not out.exists()

@@ -511,7 +511,10 @@ def test_a_full_disk_while_checkpointing_stops_with_one_line_and_resumes(
     monkeypatch.setattr(checkpoint_mod, "write_json", full_disk)
     rc, out = cli(train_args(inputs, run, "steps=6"), capsys, caplog)
     line = error_line(rc, out)
-    assert "checkpoint " in line and "step_000006 could not be written (no space left on device" in line
+    assert (
+        "checkpoint " in line
+        and "step_000006 could not be written (no space left on device" in line
+    )
     assert not list((run / "checkpoints").glob(".tmp_*"))
     assert snapshot(run / "checkpoints") == before
     assert (run / "metrics.jsonl").read_bytes().startswith(metrics_before)

@@ -137,6 +137,10 @@ def check_directory_target(key: str, path: str | os.PathLike[str] | None) -> Non
         raise UserInputError(
             f"{key}={target}: exists and is not a directory; give a directory to write into"
         )
+    existing = next(p for p in (target.absolute(), *target.absolute().parents) if p.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        where = "" if existing == target.absolute() else f" ({existing} is not)"
+        raise UserInputError(f"{key}={target}: not writable{where}; give a directory you can write")
 
 
 def _umask() -> int:
