@@ -202,6 +202,10 @@ def main(argv: list[str] | None = None) -> int:
         rollout_func=rollout,
     )
     trainer.train()
+    # the log `llds report OUTPUT_DIR` reads (TRL writes it with every checkpoint too)
+    trainer.save_state()
+    trainer.save_model()
+    print(f"trainer state and model written to {args.output_dir}: llds report {args.output_dir}")
     for row in trainer.state.log_history:
         if "loss" in row:
             keys = (

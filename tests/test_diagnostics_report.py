@@ -6,6 +6,7 @@ import base64
 import json
 import re
 import shutil
+import statistics
 import subprocess
 from dataclasses import replace
 from pathlib import Path
@@ -94,7 +95,12 @@ def test_report_files_and_embedded_images(written):
     assert sorted(base64.b64decode(e) for e in embedded) == sorted(
         (out / n).read_bytes() for n in pngs
     )
-    assert "GRPO + LLDS" in page and "yes, from step 120" in page
+    step = json.loads((out / "report.json").read_text())["runs"][0]["collapse_step"]
+    # one collapse step on the whole page: the summary's, the verdict's and the attribution's
+    assert "GRPO + LLDS" in page and f"yes, from step {step}" in page
+    assert f"collapsed at step {step}" in page
+    assert f"Signatures present before the collapse at step {step}" in page
+    assert page.index("<h2>Verdict</h2>") < page.index("How to read this report")
     assert not list(out.glob(".*.tmp"))  # no temp files left behind
 
 
@@ -105,7 +111,15 @@ def test_report_summary_numbers(written, runs):
     tail = sorted(r["reward/mean"] for r in rows[-10:])
     assert grpo["final_reward"] == pytest.approx((tail[4] + tail[5]) / 2)  # 10-step median
     assert grpo["steps"] == 160 and llds["steps"] == 140
-    assert grpo["collapsed"] and grpo["collapse_step"] == 120 and grpo["last_phase"] == "collapse"
+    # the pre-registered definition, computed here by hand: the first step from which the
+    # 10-step median reward stays at or below half of its running peak to the end
+    reward = [r["reward/mean"] for r in rows]
+    smooth = [statistics.median(reward[max(0, i - 9) : i + 1]) for i in range(len(reward))]
+    peaks = [max(smooth[: i + 1]) for i in range(len(smooth))]
+    low = [s <= 0.5 * p and p >= 0.2 for s, p in zip(smooth, peaks, strict=True)]
+    first = next(i for i in range(len(low)) if all(low[i:]))
+    assert grpo["collapsed"] and grpo["collapse_step"] == rows[first]["step"]
+    assert grpo["detector_collapse_step"] == 120 and grpo["last_phase"] == "collapse"
     assert grpo["first_alarm_kind"] == "likelihood_decay" and grpo["first_alarm_step"] < 80
     assert grpo["eval_em"] is None
     assert not llds["collapsed"] and llds["eval_em"] == pytest.approx(0.412)

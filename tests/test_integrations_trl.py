@@ -334,6 +334,7 @@ def test_two_step_run_with_search_rollout_func(
     assert logs[0]["llds/value"] == 0.0 and logs[0]["llds/gate_frac"] == 0.0
     assert logs[1]["llds/value"] > 1e-3
     assert logs[1]["lld/disp_incorrect"] is not None  # displacement is measured once pi moved
+    assert "lld/disp_incorrect" not in logs[0]
     # the monitor's metrics through TRL's logs: LLD shares on what TRL's loss sees (step 2: pi
     # after step 1 vs pi_old), pooled from their counts; turns from the rollout's fields
     assert "lld/premb_share_pos_fell" not in logs[0]  # step 1: pi is pi_old, nothing measured
@@ -348,7 +349,23 @@ def test_two_step_run_with_search_rollout_func(
     assert logs[0]["turns/valid_search_share"] == pytest.approx(
         sum(out["num_valid_searches"]) / sum(turns)
     )
-    assert not any(k.startswith("mismatch/") for h in logs for k in h)  # no sampler log-probs
+    # TRL logs the searches the search-decline rule reads
+    searches = list(out["num_valid_searches"])
+    assert logs[0]["rollout/valid_searches"] == pytest.approx(sum(searches) / 8)
+    # the rollout returns the sampler's log-probs (None on observation tokens): TRL keeps them,
+    # and the mismatch against its recomputed pi_old is measured; the sampler is the trained
+    # model itself here, so the mismatch is float noise
+    assert all(
+        (lp is None) == (m == 0)
+        for lps, ms in zip(out["logprobs"], env_mask, strict=True)
+        for lp, m in zip(lps, ms, strict=True)
+    )
+    assert 0 <= logs[0]["mismatch/abs_logp_diff_max"] < 1e-3
+    assert abs(logs[0]["mismatch/k3_kl"]) < 1e-6
+    # a tie is not a fall: on the generation batch's first step pi is pi_old, and the
+    # displacement is not measured (absent), not 0 with every response counted as fallen
+    assert "lld/frac_pos_fell" not in logs[0] and "lld/disp_pos" not in logs[0]
+    assert "lld/disp_pos" in logs[1]
     after = list(model.parameters())
     assert any(not torch.equal(a.detach(), b) for a, b in zip(after, before, strict=True))
 
@@ -426,6 +443,7 @@ def test_generation_metrics_by_hand():
         "turns/per_rollout": 2.5,
         "turns/void_share": 0.5,
         "turns/valid_search_share": 2 / 5,
+        "rollout/valid_searches": 1.0,  # 2 valid searches over 2 rollouts
     }
     out["old_per_token_logps"] = trained
     # token-truncated ratios at cap 1.5: raw rho = 1, 0.5, (masked), 2, 1, 0.5 -> 2 is clipped

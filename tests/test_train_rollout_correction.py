@@ -8,6 +8,7 @@ import torch
 
 from conftest import TRAIN_BASE, make_tiny_model
 from llds.config.loader import to_dict
+from llds.errors import ConfigError
 from llds.rollout.batch import Episode, RolloutBatch
 from llds.train import policy_update as pu
 from llds.train.config import TrainConfig, load_config
@@ -63,13 +64,16 @@ def test_bf16_sampler_gets_truncated_weights(
     assert all(c["is_weights"] is not None for c in calls)
 
 
-def test_same_policy_weights_are_exactly_one(
-    tmp_path, small_world, world_tokenizer, world_retriever, monkeypatch
-):
-    extra = ["algo.rollout_correction.mode=tis", "algo.rollout_correction.cap=1.01"]
-    row, calls = _run(tmp_path, small_world, world_tokenizer, world_retriever, monkeypatch, extra)
-    assert row["mismatch/is_weight_mean"] == 1.0 and row["mismatch/is_clipped_frac"] == 0.0
-    assert calls and all(c["is_weights"] is None for c in calls)
+@pytest.mark.parametrize("mode", ["tis", "mis", "reject"])
+def test_a_correction_without_a_sampling_copy_is_refused_by_name(mode):
+    """Without rollout.dtype the policy samples itself: every weight would be exactly 1, a
+    correction that silently does nothing, so the config refuses it."""
+    with pytest.raises(ConfigError, match=r"algo\.rollout_correction\.mode: .*rollout\.dtype"):
+        load_config(None, [f"algo.rollout_correction.mode={mode}", *TRAIN_BASE])
+    cfg = load_config(
+        None, [f"algo.rollout_correction.mode={mode}", "rollout.dtype=bfloat16", *TRAIN_BASE]
+    )
+    assert cfg.algo.rollout_correction.mode == mode
 
 
 def test_correction_off_logs_nothing(
@@ -138,6 +142,7 @@ def test_resume_from_a_config_without_the_new_keys_is_no_change():
     del old["algo"]["rollout_correction"], old["algo"]["filter_void_turns"]
     free, asked = resume_changes(old, cfg, TrainConfig())
     assert free == [] and asked == []
-    turned_on = load_config(None, ["algo.rollout_correction.mode=tis", *TRAIN_BASE])
-    _, asked = resume_changes(to_dict(load_config(None, TRAIN_BASE)), turned_on, TrainConfig())
+    copy = ["rollout.dtype=bfloat16", *TRAIN_BASE]
+    turned_on = load_config(None, ["algo.rollout_correction.mode=tis", *copy])
+    _, asked = resume_changes(to_dict(load_config(None, copy)), turned_on, TrainConfig())
     assert [key for key, _, _ in asked] == ["algo.rollout_correction.mode"]

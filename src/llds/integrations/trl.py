@@ -35,6 +35,7 @@ from llds.algo import LLDSConfig, action_segments, answer_weight_schedule, llds_
 from llds.algo.config import engine_fields, from_engine
 from llds.env.rewards import FormatRewardConfig, compute_reward, score_answer
 from llds.errors import ConfigError, DataFormatError
+from llds.metrics import VALID_SEARCHES
 from llds.monitor.likelihood import (
     displacement_metrics,
     likelihood_metrics,
@@ -45,6 +46,7 @@ from llds.monitor.mismatch import correction_metrics, mismatch_metrics
 from llds.monitor.turns import turn_metrics, void_turn_count
 from llds.retrieval.base import Retriever
 from llds.rollout import RolloutConfig, RolloutEngine, RolloutRequest
+from llds.rollout.batch import Episode
 
 log = logging.getLogger(__name__)
 
@@ -294,6 +296,13 @@ class LLDSGRPOTrainer(GRPOTrainer):
             return True
         return self.state.global_step > int(inputs[GENERATED_AT_KEY].reshape(-1)[0])
 
+    def _stepped_since_generation(self, inputs: Mapping[str, Any]) -> bool:
+        """Whether an optimizer step was taken since pi_old was computed: on the generation
+        batch's first step pi == pi_old, and its displacement is not measured (0 is not a
+        measurement, and counting a tie as a fall would read 100%)."""
+        at = inputs.get(GENERATED_AT_KEY)
+        return at is None or self.state.global_step > int(at.reshape(-1)[0])
+
     def _llds_term(
         self, per_token_logps: Tensor, inputs: Mapping[str, Any], mode: str
     ) -> tuple[Tensor, dict[str, Tensor]]:
@@ -329,7 +338,10 @@ class LLDSGRPOTrainer(GRPOTrainer):
         if not self.args.llds_log_lld_metrics or inputs.get(REWARD_KEY) is None:
             return
         for name, value in lld_metrics_from_inputs(
-            per_token_logps.detach(), inputs, self.args.llds_correct_threshold
+            per_token_logps.detach(),
+            inputs,
+            self.args.llds_correct_threshold,
+            measured=self._stepped_since_generation(inputs),
         ).items():
             metrics[name].append(value)  # per process; key sets can differ between ranks
         if acts and inputs.get(GROUP_KEY) is not None:
@@ -373,9 +385,10 @@ def generation_metrics(out: Mapping[str, Any], extra: Mapping[str, Any]) -> dict
     if isinstance(turns, list):
         zeros = [0] * len(turns)
         void = extra.get("num_void_turns") or zeros
-        found.update(
-            turn_metrics(turns, list(void), list(extra.get("num_valid_searches") or zeros))
-        )
+        searches = extra.get("num_valid_searches")
+        found.update(turn_metrics(turns, list(void), list(searches or zeros)))
+        if isinstance(searches, list) and searches:  # what the search-decline rule reads
+            found[VALID_SEARCHES] = sum(searches) / len(searches)
     sampled, trained = out.get("sampling_per_token_logps"), out.get("old_per_token_logps")
     if sampled is not None and trained is not None:
         mask = loss_mask_from_inputs(out) & ~torch.isnan(sampled)
@@ -390,10 +403,15 @@ def generation_metrics(out: Mapping[str, Any], extra: Mapping[str, Any]) -> dict
 
 
 def lld_metrics_from_inputs(
-    per_token_logps: Tensor, inputs: Mapping[str, Any], correct_threshold: float
+    per_token_logps: Tensor,
+    inputs: Mapping[str, Any],
+    correct_threshold: float,
+    *,
+    measured: bool = True,
 ) -> dict[str, float]:
     """LLD metrics of one micro-batch: likelihood of correct vs incorrect rollouts under pi_old
-    and, once the policy has moved (TRL provided old log-probs), their displacement."""
+    and, once the policy has moved (TRL provided old log-probs and `measured`: an optimizer
+    step came after them), their displacement; before that the displacement keys are absent."""
     mask = loss_mask_from_inputs(inputs)
     action_index, _ = action_segments(mask)
     correct = inputs[REWARD_KEY] >= correct_threshold
@@ -403,7 +421,7 @@ def lld_metrics_from_inputs(
     old = inputs.get("old_per_token_logps")
     before = per_token_logps if old is None else old
     out = likelihood_metrics(before, mask, action_index, correct, searches)
-    if old is not None:
+    if old is not None and measured:
         adv = inputs["advantages"].reshape(mask.shape[0], -1)[:, 0]
         out.update(displacement_metrics(old, per_token_logps, mask, action_index, correct, adv))
     return out
@@ -463,7 +481,9 @@ def search_rollout_func(
     TRL hands it the per-process prompts, already repeated `num_generations` times (one rollout
     per entry, consecutive entries form a group). It returns:
     `prompt_ids`, `completion_ids` (model turns and observations, the exact sampled ids),
-    `logprobs=None` (TRL recomputes log-probs itself), `env_mask` (1 = model token, 0 =
+    `logprobs` (the sampler's log-prob of each model token, None on observations: TRL's
+    `sampling_per_token_logps`, from which the monitor's `mismatch/*` metrics and, with vLLM,
+    TRL's importance-sampling correction are computed), `env_mask` (1 = model token, 0 =
     observation; TRL multiplies it into its loss mask) and, forwarded to reward functions:
     `response_text`, `final_answer` (the content of the last turn's answer action, None when the
     rollout did not end with an answer), `answer_mask`, `num_valid_searches`, `num_turns`,
@@ -478,13 +498,6 @@ def search_rollout_func(
     state: dict[str, Any] = {"engine": None, "config": None, "calls": 0}
 
     def rollout(prompts: list, trainer: Any) -> dict[str, Any]:
-        if getattr(trainer, "use_vllm", False) and getattr(
-            trainer.args, "vllm_importance_sampling_correction", False
-        ):
-            raise ConfigError(
-                "search_rollout_func generates with the training model and returns no sampler "
-                "log-probs: set use_vllm=False (or vllm_importance_sampling_correction=False)"
-            )
         tokenizer = trainer.processing_class
         if state["config"] is None:
             state["config"] = config or _config_from_trainer(trainer.args)
@@ -509,18 +522,20 @@ def search_rollout_func(
                 state["engine"] = engine
             batch = engine.generate(requests, generator=generator)
         eps = batch.episodes
-        completion_ids, env_mask, answer_mask = [], [], []
+        completion_ids, env_mask, answer_mask, logprobs = [], [], [], []
         for e in eps:
             ids, mask, ans = list(e.response_ids), list(e.action_mask), list(e.answer_mask)
+            logp = sampler_logprobs(e)
             if not ids:  # keep TRL's padding well defined: one masked-out end token
-                ids, mask, ans = [engine.pad_id], [0], [0]
+                ids, mask, ans, logp = [engine.pad_id], [0], [0], [None]
             completion_ids.append(ids)
             env_mask.append(mask)
             answer_mask.append(ans)
+            logprobs.append(logp)
         return {
             "prompt_ids": [list(e.prompt_ids) for e in eps],
             "completion_ids": completion_ids,
-            "logprobs": None,
+            "logprobs": None if any(lp is None for lp in logprobs) else logprobs,
             "env_mask": env_mask,
             "answer_mask": answer_mask,
             "response_text": [e.response_text for e in eps],
@@ -532,6 +547,15 @@ def search_rollout_func(
         }
 
     return rollout
+
+
+def sampler_logprobs(episode: Episode) -> list[float | None] | None:
+    """The sampler's log-prob of each completion token, None on observation tokens (the
+    sampler did not choose them; TRL reads None as NaN and leaves it out of its importance
+    ratio); None for the whole rollout when they were not kept."""
+    if episode.logprobs is None:
+        return None
+    return [lp if m else None for lp, m in zip(episode.logprobs, episode.action_mask, strict=True)]
 
 
 def _config_from_trainer(args: Any) -> RolloutConfig:

@@ -79,6 +79,15 @@ MECHANISMS = (
     "learning-rate divergence",
     "search decline",
 )
+STABILIZERS: dict[str, tuple[str, str]] = {
+    "LLD": ("LLDS", "algo.llds.enabled=true"),
+    "mismatch": ("truncated importance sampling", "algo.rollout_correction.mode=tis"),
+    "void turns": ("the void-turn filter", "algo.filter_void_turns=true"),
+    "entropy": ("clip-higher", "algo.clip_high=0.28"),
+    "learning-rate divergence": ("a lower learning rate", "optim.lr"),
+    "search decline": ("LLDS-MA", "algo.llds.mask_answer=true"),
+}
+"""Each mechanism's stabilizer and its switch, as docs/stabilizers.md names them."""
 SIGNALS = (
     keys.REWARD_MEAN,
     *LLD_SHARE_KEYS,  # every share the LLD rule may read: veRL and TRL log only the last

@@ -25,7 +25,7 @@ from llds.io import atomic_write, write_json
 from llds.monitor.alarms import Alarm, AlarmConfig, AlarmMonitor
 from llds.monitor.phases import PHASES, PhaseLabel, phase_spans
 from llds.monitor.robust import as_float
-from llds.report.attribution import run_events
+from llds.report.attribution import reward_collapse, run_events, signal_series
 from llds.report.collapse import MIN_PEAK, SMOOTH, median_window
 from llds.report.plots import (
     PHASE_COLORS,
@@ -58,6 +58,7 @@ from llds.report.text import (
     heldout_caption,
     how_to_read,
     reference_caption,
+    verdict_box,
 )
 from llds.runs.eval_result import EvalResult, latest_eval_file
 
@@ -158,10 +159,14 @@ def summarize(run: RunData) -> dict[str, Any]:
     """The per-run summary row (JSON-friendly)."""
     levels = reward_levels(run)
     serious = [a for a in run.alarms if a.severity != "info"]
-    collapse = next((p.step for p in run.phases if p.phase == "collapse"), None)
+    # the one collapse definition the attribution uses, so the page names one step
+    collapse = reward_collapse(signal_series(run.rows))
+    detector = next((p.step for p in run.phases if p.phase == "collapse"), None)
     overall = run.eval.overall if run.eval is not None else None
     ho = run.held_out
     start = ho.baseline if ho is not None else None
+    ems = [p.em for p in (ho.points if ho is not None else ()) if p.em is not None]
+    em_rose = start is not None and start.em is not None and any(e > start.em for e in ems)
     return {
         "label": run.label,
         "run_dir": str(run.path),
@@ -169,7 +174,9 @@ def summarize(run: RunData) -> dict[str, Any]:
         "steps": run.phases[-1].step if run.phases else 0,
         "final_reward": levels[-1] if levels else None,
         "peak_reward": max(levels) if levels else None,
-        "learned": learned(levels),
+        "learned": learned(levels) or em_rose,
+        "reward_rose": learned(levels),
+        "heldout_em_rose": em_rose,
         "eval_em": overall.em if overall is not None and overall.n else None,
         "eval_n": overall.n if overall is not None else None,
         "start_em": start.em if start is not None else None,
@@ -192,6 +199,7 @@ def summarize(run: RunData) -> dict[str, Any]:
         "last_phase": run.phases[-1].phase if run.phases else None,
         "collapsed": collapse is not None,
         "collapse_step": collapse,
+        "detector_collapse_step": detector,
         "phase_steps": {p: sum(1 for lab in run.phases if lab.phase == p) for p in PHASES},
     }
 
@@ -221,7 +229,7 @@ def _summary_table(summaries: Sequence[dict[str, Any]], colors: Sequence[str]) -
         elif not s["learned"]:
             collapsed = (
                 '<span class="warn">no, but did not learn</span> '
-                "<small>(the smoothed reward never rose)</small>"
+                "<small>(neither the smoothed reward nor held-out EM rose)</small>"
             )
         else:
             collapsed = '<span class="good">no</span>'
@@ -320,6 +328,8 @@ border:1px solid #e4e4e4;border-radius:4px;padding:4px 16px;margin:14px 0}
 code{font-size:12.5px;background:#f0f0f0;padding:0 3px;border-radius:2px}
 tr.differs td{background:#fff4c2;font-weight:bold}code.diff{background:#fff4c2}
 table.settings td:first-child code{color:#666;font-weight:normal}
+.verdict{max-width:980px;border:2px solid #333;border-radius:6px;padding:4px 14px;margin:12px 0}
+.verdict-run p{display:inline;margin:0}.verdict-run{margin:6px 0;font-size:14px;line-height:1.45}
 """
 
 
@@ -371,12 +381,13 @@ def write_report(
     imgs = {name: _img(name, png, alt) for name, png, alt in figures}
 
     summaries = [summarize(r) for r in runs]
+    events = [run_events(r.rows, r.alarms) for r in runs]
     per_run = "".join(
         f"<h3 style='color:{c}'>{html.escape(r.label)} "
         f"<small class='muted'>{html.escape(str(r.path))}</small></h3>"
-        f"{imgs[d]}{detail_caption(s)}{attribution_paragraph(run_events(r.rows, r.alarms))}"
+        f"{imgs[d]}{detail_caption(s)}{attribution_paragraph(e)}"
         f"{_phase_spans_text(r)}{_alarm_table(r)}"
-        for r, s, c, d in zip(runs, series, colors, details, strict=True)
+        for r, s, c, d, e in zip(runs, series, colors, details, events, strict=True)
     )
     reference = (
         f"<h3>Held-out reference chains</h3>{imgs['reference.png']}{reference_caption(series)}"
@@ -392,7 +403,7 @@ def write_report(
         f"<p class='muted'>{len(runs)} run(s), generated {stamp}. Phases and alarms are "
         "recomputed from each run's metrics log (<code>metrics.jsonl</code>, a TRL trainer "
         "state or a veRL log) with the same detector the trainer runs online.</p>"
-        f"{how_to_read(cfg)}"
+        f"{verdict_box(names, colors, summaries, events)}{how_to_read(cfg)}"
         f"<h2>Summary</h2>{_summary_table(summaries, colors)}"
         f"<h2>Settings</h2>{differences_line(names, [r.config for r in runs])}"
         f"{_settings_table(runs, colors)}"

@@ -130,6 +130,53 @@ RESPONSE_LENGTH = Panel(
 punctuation character (`rollout/punct_run_frac`), a degeneration that exact match, which drops
 punctuation, does not see in the reward."""
 
+MONITOR_PANELS: tuple[Panel, ...] = (
+    Panel(
+        "Pushed-up responses that fell, by group accuracy",
+        "pooled share",
+        keys.SHARE_POS_FELL_ACC_LO,
+        keys.SHARE_POS_FELL_ACC_HI,
+        hline=0.5,
+        note="solid: groups at most half right, dashed: more than half",
+        fallback="lld/premb_share_pos_fell",
+        fallback_ylabel="share before each mini-batch",
+        fallback_note="dashed: the share a TRL or veRL loss sees (all groups)",
+    ),
+    Panel(
+        "Sampler / trainer mismatch",
+        "k3 KL (log scale)",
+        keys.MISMATCH_K3_KL,
+        log_y=True,
+        below=Panel("", "max |dlogp|", keys.MISMATCH_ABS_LOGP_DIFF_MAX),
+    ),
+    Panel(
+        "Importance weights",
+        "mean weight",
+        keys.MISMATCH_IS_WEIGHT_MEAN,
+        hline=1.0,
+        below=Panel("", "clipped share", keys.MISMATCH_IS_CLIPPED_FRAC, hline=0.0),
+    ),
+    Panel(
+        "Turns",
+        "share of rollouts / turns",
+        keys.TURNS_VOID_SHARE,
+        keys.TURNS_VALID_SEARCH_SHARE,
+        note="solid: rollouts with a void turn, dashed: turns that are valid searches",
+        below=Panel("", "turns per rollout", keys.TURNS_PER_ROLLOUT),
+    ),
+)
+"""The monitor's panels, drawn when some run logs their metrics: LLD by group accuracy,
+the sampler's mismatch and the correction's weights, void turns and valid searches."""
+
+
+def panel_logged(panel: Panel, runs: Sequence[RunSeries]) -> bool:
+    """Whether some run logs any metric the panel (or the axis under it) draws."""
+    names = [panel.key, panel.dashed_key, panel.fallback]
+    if panel.below is not None:
+        names += [panel.below.key, panel.below.dashed_key]
+    return any(series(run.rows, k)[0] for run in runs for k in names if k)
+
+
 PANELS: tuple[Panel, ...] = (
     Panel("Reward", "mean reward", keys.REWARD_MEAN, keys.REWARD_EM),
     Panel(
@@ -356,6 +403,16 @@ def _alarm_lines(ax: Axes, run: RunSeries, *, annotate: bool = False) -> None:
             )
 
 
+def panel_series(rows: Any, key: str, panel: Panel) -> tuple[list[Any], list[float]]:
+    """A panel's points of `key`; on a log axis only the positive ones (a gradient norm of 0,
+    say, would draw a line down to the axis floor)."""
+    xs, ys = series(rows, key)
+    if not panel.log_y:
+        return xs, ys
+    kept = [(x, y) for x, y in zip(xs, ys, strict=True) if y is not None and y > 0]
+    return [x for x, _ in kept], [y for _, y in kept]
+
+
 def panel_key(run: RunSeries, panel: Panel) -> str:
     """The metric a panel draws for one run: its own, or its fallback where the run's log never
     has the former (a log written before the metric existed) but has the latter."""
@@ -379,7 +436,7 @@ def _draw_panel(
     primary = fallback = False
     for run in runs:
         key = panel_key(run, panel)
-        xs, ys = series(run.rows, key)
+        xs, ys = panel_series(run.rows, key, panel)
         if key == panel.key:
             _plot_series(ax, xs, ys, run.color)
             primary |= bool(xs)
@@ -432,7 +489,7 @@ def draw_comparison(runs: Sequence[RunSeries], phase: PhaseConfig | None = None)
     plt = _pyplot()
     from matplotlib.ticker import MaxNLocator
 
-    panels = comparison_panels(phase)
+    panels = [*comparison_panels(phase), *(p for p in MONITOR_PANELS if panel_logged(p, runs))]
     ncols = 3
     nrows = math.ceil(len(panels) / ncols)
     fig = plt.figure(figsize=(15, 3.6 * nrows))
@@ -724,10 +781,10 @@ def draw_run_detail(run: RunSeries) -> Figure:
     for ax, panel in zip(axes.flat, DETAIL_PANELS, strict=True):
         for a, b, phase in spans:
             ax.axvspan(a - 0.5, b + 0.5, color=PHASE_COLORS[phase], alpha=0.6, linewidth=0)
-        xs, ys = series(run.rows, panel.key)
+        xs, ys = panel_series(run.rows, panel.key, panel)
         _plot_series(ax, xs, ys, run.color)
         if panel.dashed_key:
-            dx, dy = series(run.rows, panel.dashed_key)
+            dx, dy = panel_series(run.rows, panel.dashed_key, panel)
             _plot_series(ax, dx, dy, run.color, linestyle="--", zorder=3.0)
         if panel.log_y and xs:
             _log_axis(ax)

@@ -52,6 +52,14 @@ KEY_SETTINGS: tuple[tuple[str, str], ...] = (
     ("algo.llds.enabled", "LLDS regularizer"),
     ("algo.llds.coef", "LLDS coefficient"),
     ("algo.llds.gate", "LLDS gate"),
+    ("algo.llds.mask_answer", "LLDS-MA (answer weighted)"),
+    ("algo.llds.scope", "LLDS scope"),
+    ("rollout.dtype", "sampling copy dtype"),
+    ("algo.rollout_correction.mode", "rollout correction"),
+    ("algo.rollout_correction.level", "correction level"),
+    ("algo.rollout_correction.cap", "correction cap"),
+    ("algo.filter_void_turns", "void-turn filter"),
+    ("algo.clip_high", "clip-higher"),
     ("diagnostics.on_alarm", "on alarm"),
 )
 """The settings the report always lists, as (dotted config key, what to call it)."""

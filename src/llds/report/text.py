@@ -15,7 +15,7 @@ from typing import Any
 from llds import metrics as keys
 from llds.monitor.alarms import AlarmConfig
 from llds.monitor.searches import SEARCH_DECLINE, SEARCH_FLOOR, SEARCHES_KEY
-from llds.report.attribution import COLLAPSE, WINDOW, Event, Finding
+from llds.report.attribution import COLLAPSE, STABILIZERS, WINDOW, Event, Finding
 from llds.report.plots import (
     DISPLACEMENT,
     POS_FELL,
@@ -140,11 +140,74 @@ def _alarm_text(cfg: AlarmConfig) -> str:
 
 
 def how_to_read(cfg: AlarmConfig) -> str:
-    """The explanatory section placed at the top of the report (open by default)."""
+    """The explanatory section, folded below the verdicts (one click opens it)."""
     return (
-        "<details open class='explain'><summary><b>How to read this report</b></summary>"
+        "<details class='explain'><summary><b>How to read this report</b></summary>"
         f"{_lld_text()}{_phase_text(cfg)}{_alarm_text(cfg)}</details>"
     )
+
+
+def _stabilizers_text(findings: Sequence[Finding]) -> str:
+    answers = []
+    for f in findings:
+        name, switch = STABILIZERS[f.mechanism]
+        answers.append(f"{f.mechanism}: {name} ({_code(switch)})")
+    return "; ".join(answers)
+
+
+def verdict(summary: Mapping[str, Any], events: Sequence[Event]) -> str:
+    """One run's verdict, the first thing the report says about it: collapsed or not by the
+    pre-registered definition (the step the attribution names), the signatures present in the
+    window before the collapse (else before the first alarm) with their numbers, and the
+    stabilizer docs/stabilizers.md names for each; "did not learn" only when neither the
+    training reward nor the held-out EM (where evaluated) rose."""
+    collapse = next((e for e in events if e.kind == COLLAPSE), None)
+    alarm = next((e for e in events if e.kind != COLLAPSE), None)
+    if collapse is not None:
+        head = f"<span class='bad'>collapsed at step {collapse.step}</span>"
+    elif not summary["learned"]:
+        head = (
+            "<span class='warn'>did not collapse, but did not learn</span> <small>(the smoothed "
+            "reward never rose, nor did held-out EM where it was evaluated)</small>"
+        )
+    else:
+        head = "<span class='good'>did not collapse</span>"
+    event = collapse or alarm
+    if event is None:
+        return f"<p>{head}; no warning or critical alarm.</p>"
+    where = (
+        "before it"
+        if event is collapse
+        else f"before the first alarm ({_code(event.kind)}, step {event.step})"
+    )
+    present = event.with_status("present")
+    if not present:
+        return f"<p>{head}; no known signature in the {WINDOW} steps {where}.</p>"
+    return (
+        f"<p>{head}; signatures in the {WINDOW} steps {where}: "
+        f"{_findings_text(present, True)}.<br><b>Stabilizers</b> "
+        f"(docs/stabilizers.md): {_stabilizers_text(present)}.</p>"
+    )
+
+
+def verdict_box(
+    labels: Sequence[str],
+    colors: Sequence[str],
+    summaries: Sequence[Mapping[str, Any]],
+    events: Sequence[Sequence[Event]],
+) -> str:
+    """Every run's verdict, in one box at the top of the report."""
+    rows = "".join(
+        f"<div class='verdict-run'><span class='swatch' style='background:{c}'></span>"
+        f"<b>{html.escape(label)}</b>: {verdict(s, e)}</div>"
+        for label, c, s, e in zip(labels, colors, summaries, events, strict=True)
+    )
+    note = (
+        "<p class='muted'>Collapse: the 10-step median training reward stays at or below half "
+        "of its running peak (at least 0.2) to the end of the run. A signature is a pattern in "
+        "the signals before the event, not its established cause.</p>"
+    )
+    return f"<div class='verdict'><h2>Verdict</h2>{rows}{note}</div>"
 
 
 def _axis_text(runs: Sequence[RunSeries], panel: Panel, pos: str, fb: str) -> str:

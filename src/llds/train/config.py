@@ -280,6 +280,16 @@ class TrainConfig:
                     "policy's forward; use auto or recompute",
                 )
             )
+        if self.algo.rollout_correction.mode != "off" and self.rollout.dtype is None:
+            out.append(
+                (
+                    "algo.rollout_correction.mode",
+                    f"{self.algo.rollout_correction.mode} corrects for a sampler that is not the "
+                    "trained policy, and without rollout.dtype the policy samples itself: every "
+                    "weight would be exactly 1 (nothing corrected); set rollout.dtype (a "
+                    "sampling copy) or mode=off",
+                )
+            )
         rows = self.prompts_per_step * self.rollout.group_size
         if self.optim.mini_batches > rows:
             why = f"{self.optim.mini_batches} > {rows} rollouts per step"
