@@ -347,6 +347,33 @@ def test_on_alarm_rollback_restores_and_turns_llds_on(
     assert rows[0]["step"] == 2 and "llds/loss" in rows[0]
 
 
+def test_rollback_passes_over_a_damaged_checkpoint(
+    tmp_path, small_world, world_tokenizer, world_retriever, caplog
+):
+    """The newest checkpoint at or before the rollback's step is damaged (a weight file cut
+    short): the rollback takes the one before, as resume would, and the run goes on."""
+    tr = _trainer(
+        tmp_path,
+        small_world,
+        world_tokenizer,
+        world_retriever,
+        ["steps=3", "save_every=1", "keep_checkpoints=5", "diagnostics.on_alarm=rollback"],
+    )
+    tr.train(steps=1)
+    at_step1 = {k: v.clone() for k, v in tr.model.state_dict().items()}
+    tr.train(steps=2)
+    weights = tmp_path / "checkpoints" / "step_000002" / "model" / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2])
+    with caplog.at_level("WARNING", logger="llds.train"):
+        tr._on_alarms([_decay_alarm(3, 2)])  # back to step <= 2: step 2 is damaged
+    assert tr.step == 1 and tr.rollbacks == 1
+    assert all(torch.equal(v, at_step1[k]) for k, v in tr.model.state_dict().items())
+    assert "passes over checkpoint step_000002" in caplog.text
+    rows = tr.train(steps=1)
+    assert rows[0]["step"] == 2
+
+
 def read_metrics_file(path):
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 

@@ -356,12 +356,17 @@ def _safetensors_problem(file: Path) -> str | None:
     return None
 
 
-def find_resumable(ckpt_root: Path) -> tuple[Path | None, list[tuple[Path, str]]]:
-    """The newest checkpoint that passes `checkpoint_problem`, and every newer one that did not
-    with its reason. The `latest` pointer is not needed: the `step_N` directories are scanned
-    (only complete checkpoints carry that name), so a lost pointer loses nothing."""
+def find_resumable(
+    ckpt_root: Path, at_or_before: int | None = None
+) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """The newest checkpoint that passes `checkpoint_problem` (at a step <= `at_or_before` when
+    given: a rollback's target), and every newer one that did not with its reason. The
+    `latest` pointer is not needed: the `step_N` directories are scanned (only complete
+    checkpoints carry that name), so a lost pointer loses nothing."""
     damaged: list[tuple[Path, str]] = []
     for path in checkpoint_dirs(ckpt_root):
+        if at_or_before is not None and (checkpoint_step(path) or 0) > at_or_before:
+            continue
         problem = checkpoint_problem(path)
         if problem is None:
             return path, damaged

@@ -51,6 +51,7 @@ from llds.rollout import RolloutBatch, RolloutEngine, RolloutRequest
 from llds.runs.tracking import MetricsLogger, read_metrics
 from llds.train import build, fsdp
 from llds.train.checkpoint import (
+    find_resumable,
     load_training_state,
     publish_checkpoint,
     save_checkpoint,
@@ -474,18 +475,16 @@ class GRPOTrainer:
             self._rollback(action.rollback_before_step or self.step)
 
     def _rollback(self, before_step: int) -> None:
-        """Reload the newest checkpoint at or before `before_step` and go on with LLDS on."""
-        candidates = sorted(
-            int(p.name.split("_")[1])
-            for p in self.ckpt_root.glob("step_*")
-            if p.is_dir() and int(p.name.split("_")[1]) <= before_step
-        )
-        if not candidates:
+        """Reload the newest sound checkpoint at or before `before_step` (the checks resume
+        makes: a damaged one is passed over, named) and go on with LLDS on."""
+        target, damaged = find_resumable(self.ckpt_root, at_or_before=before_step)
+        for path, why in damaged:
+            log.warning("rollback passes over checkpoint %s: %s", path.name, why)
+        if target is None:
             raise CollapseAlarmStop(
-                f"rollback requested to a step <= {before_step} but no such checkpoint is kept "
+                f"rollback requested to a step <= {before_step} but no sound checkpoint is kept "
                 "(lower save_every or raise keep_checkpoints); stopping instead"
             )
-        target = self.ckpt_root / f"step_{candidates[-1]:06d}"
         if self.logger is not None:  # keep the evidence: the abandoned branch of the log
             self.logger.close()
             abandoned = self.run_dir / f"metrics.rollback{self.rollbacks + 1}.jsonl"
