@@ -117,7 +117,7 @@ def test_probe_group_with_adamw_measures_that_step_and_restores_the_weights(grou
 
 @pytest.mark.parametrize("name", ["sgd", "adamw"])
 def test_the_in_loop_probe_takes_the_runs_optimizer_settings(monkeypatch, name) -> None:
-    import llds.train.trainer as trainer
+    import llds.train.diagnostics as diagnostics
     from llds.train.config import TrainConfig
 
     cfg = TrainConfig()
@@ -130,7 +130,7 @@ def test_the_in_loop_probe_takes_the_runs_optimizer_settings(monkeypatch, name) 
         seen.update(kwargs)
         return []
 
-    monkeypatch.setattr(trainer, "run_probe", fake_run_probe)
+    monkeypatch.setattr(diagnostics, "run_probe", fake_run_probe)
     fake = SimpleNamespace(
         cfg=cfg,
         rollout_model=torch.nn.Linear(2, 2),
@@ -139,9 +139,9 @@ def test_the_in_loop_probe_takes_the_runs_optimizer_settings(monkeypatch, name) 
         probe_set=[],
         engine=SimpleNamespace(config=CFG),
         template="",
-        _forked_streams=contextlib.nullcontext,
+        forked_streams=contextlib.nullcontext,
     )
-    trainer.GRPOTrainer._probe(fake)
+    diagnostics.Diagnostics.probe(fake)
     assert seen["optimizer"] == name
     assert seen["lr"] == (3e-6 if name == "adamw" else 0.02)
     assert seen["adam"] == AdamSettings((0.7, 0.9), 1e-5, 0.05)

@@ -9,8 +9,10 @@ import pytest
 import torch
 
 from conftest import TRAIN_BASE, make_tiny_model
+from llds.train import diagnostics as diagnostics_mod
 from llds.train import trainer as trainer_mod
 from llds.train.config import load_config
+from llds.train.diagnostics import Diagnostics
 from llds.train.trainer import GRPOTrainer
 
 MISMATCH = [
@@ -43,7 +45,7 @@ def run(tmp_path, world, tok, retriever, monkeypatch, *extra):
         lambda r, g, **k: torch.tensor([-1.0, 0.5, 1.0]).repeat(len(r) // 3),
     )
     monkeypatch.setattr(
-        trainer_mod,
+        diagnostics_mod,
         "group_correct_share",
         lambda groups, rewards: {g: float(i % 2) for i, g in enumerate(dict.fromkeys(groups))},
     )
@@ -139,7 +141,7 @@ def test_shares_pool_over_processes_weighted_by_their_counts():
         sent.append(t.double())
         return t.double()
 
-    pool = GRPOTrainer._pooled_over_processes
+    pool = Diagnostics._pooled_over_processes
     pool(SimpleNamespace(dist=SimpleNamespace(enabled=True, sum=record)), b)
     both = SimpleNamespace(dist=SimpleNamespace(enabled=True, sum=lambda t: t.double() + sent[0]))
     got = pool(both, a)

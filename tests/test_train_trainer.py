@@ -18,7 +18,6 @@ import torch
 from conftest import TRAIN_BASE as BASE
 from conftest import make_tiny_model, write_run_inputs
 from llds.errors import ConfigError
-from llds.policy.precision import Precision
 from llds.runs.tracking import read_metrics
 from llds.train import policy_update
 from llds.train import trainer as trainer_mod
@@ -222,21 +221,30 @@ def test_auto_recomputes_old_log_probs_for_noisy_llds_or_low_precision(
 ):
     """`auto` takes pi_old from the rollout unless its rounding could matter: LLDS evaluated on
     the first optimizer step (the authors' behaviour) or a low-precision compute dtype."""
+    from llds.train.policy_update import old_logprobs_from_rollout
+
     tr = _trainer(tmp_path, small_world, world_tokenizer, world_retriever)
     known = SimpleNamespace(rollout_logprobs=torch.zeros(1, 1), rollout_entropy=torch.zeros(1, 1))
+
+    def from_rollout(batch, mixed=False, coef=None, copy=False):
+        llds = tr.cfg.algo.llds
+        coef = (llds.coef if llds.enabled else 0.0) if coef is None else coef
+        return old_logprobs_from_rollout(
+            tr.cfg.algo, batch, sampled_by_copy=copy, llds_coef=coef, mixed_precision=mixed
+        )
+
     assert tr.cfg.algo.llds.enabled and tr.cfg.algo.llds.first_update == "zero"
-    assert tr._old_logprobs_from_rollout(known)  # LLDS is exactly 0 on the first step anyway
+    assert from_rollout(known)  # LLDS is exactly 0 on the first step anyway
     tr.cfg.algo.llds.first_update = "computed"
-    assert not tr._old_logprobs_from_rollout(known)
+    assert not from_rollout(known)
     tr.cfg.algo.llds.enabled = False
-    assert tr._old_logprobs_from_rollout(known)
-    assert not tr._old_logprobs_from_rollout(
-        SimpleNamespace(rollout_logprobs=None, rollout_entropy=None)
-    )
-    tr.precision = Precision(torch.bfloat16)
-    assert not tr._old_logprobs_from_rollout(known)
+    assert from_rollout(known)
+    assert not from_rollout(known, coef=0.3)  # a rollback turned LLDS on
+    assert not from_rollout(SimpleNamespace(rollout_logprobs=None, rollout_entropy=None))
+    assert not from_rollout(known, copy=True)  # a sampling copy's numbers are not the policy's
+    assert not from_rollout(known, mixed=True)
     tr.cfg.algo.old_logprobs = "rollout"
-    assert tr._old_logprobs_from_rollout(known)
+    assert from_rollout(known, mixed=True)
 
 
 # --------------------------------------------------------------------- kill and resume

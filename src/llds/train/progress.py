@@ -8,6 +8,9 @@ each step prints one plain line instead.
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import TracebackType
 from typing import Any
 
@@ -73,3 +76,25 @@ def summary(m: dict[str, Any]) -> str:
         f"H {f('policy/entropy')} | |g| {f('policy/grad_norm', '.2f')} | "
         f"{f('time/step', '.1f')}s"
     )
+
+
+class PhaseTimes:
+    """Wall-clock seconds of a step's phases: `with times("rollout"): ...`, then
+    `times.metrics()` gives `time/<phase>` for each and `time/step` since it was made."""
+
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - t0
+
+    def metrics(self) -> dict[str, float]:
+        out = {f"time/{phase}": s for phase, s in self.seconds.items()}
+        out["time/step"] = time.perf_counter() - self.started
+        return out

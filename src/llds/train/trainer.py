@@ -12,68 +12,50 @@ optimizer steps are `llds.train.policy_update.PolicyUpdate`.
 
 from __future__ import annotations
 
-import contextlib
-import copy
-import json
 import logging
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from llds import metrics as keys
 from llds.algo import group_advantages
 from llds.config.loader import to_dict
 from llds.data.example import QAExample
 from llds.env.prompts import build_prompt_ids
 from llds.errors import ServiceUnavailableError
-from llds.evaluation.periodic import eval_rollout_config, is_due
-from llds.monitor.alarms import Alarm, AlarmMonitor, should_act
-from llds.monitor.likelihood import (
-    displacement_metrics,
-    group_correct_share,
-    group_hidden_similarity,
-    lld_share_metrics,
-    share_by_part,
-)
+from llds.evaluation.periodic import is_due
+from llds.monitor.alarms import Alarm
 from llds.monitor.rollout_metrics import rollout_metrics
 from llds.policy.float_env import float_environment
-from llds.policy.forward import batched_log_probs, pooled_response_hidden
+from llds.policy.forward import batched_log_probs
 from llds.policy.sampling_copy import refresh_sampling_copy, sampling_context
 from llds.policy.setup import load_model
-from llds.probe.one_step import probe_metrics, run_probe
-from llds.probe.reference import REFERENCE_FILE, ReferenceChains
-from llds.probe.update import AdamSettings
 from llds.retrieval.client import RetrievalServiceError
-from llds.rollout import RolloutBatch, RolloutEngine, RolloutRequest
+from llds.rollout import RolloutBatch, RolloutRequest
 from llds.runs.tracking import MetricsLogger, read_metrics
 from llds.train import build, fsdp
-from llds.train.checkpoint import (
-    find_resumable,
-    load_training_state,
-    publish_checkpoint,
-    save_checkpoint,
-    set_rng_state,
-    stage_checkpoint,
-    write_checkpoint_files,
-)
+from llds.train.checkpoint import load_training_state, set_rng_state
 from llds.train.config import TrainConfig
+from llds.train.diagnostics import Diagnostics
 from llds.train.distributed import Dist
-from llds.train.policy_update import PolicyUpdate
-from llds.train.progress import StepProgress
+from llds.train.policy_update import PolicyUpdate, old_logprobs_from_rollout
+from llds.train.progress import PhaseTimes, StepProgress
 from llds.train.prompts import PromptStream
 from llds.train.resume import FLOAT_ENV_KEY, apply_optimizer_changes, prepare_run_dir
+from llds.train.rollback import (
+    CollapseAlarmStop,
+    decide,
+    keep_abandoned_log,
+    new_monitor,
+    rollback_coef,
+    rollback_target,
+)
+from llds.train.saving import SHARDED, RunState, save_run_checkpoint
+
+__all__ = ["CollapseAlarmStop", "GRPOTrainer", "rollout_seed"]
 
 log = logging.getLogger("llds.train")
-
-
-SHARDED = "sharded"  # a checkpoint's FSDP shards of the weights and the optimizer state
-
-
-class CollapseAlarmStop(RuntimeError):
-    """`diagnostics.on_alarm=stop` and an actionable collapse alarm fired."""
 
 
 class GRPOTrainer:
@@ -151,12 +133,27 @@ class GRPOTrainer:
         )
         self.step = 0 if start.checkpoint is None else self._restore(start)
         prepare_run_dir(self.run_dir, start.checkpoint, self.damaged, resume=resume, dist=self.dist)
-        self.reference = self._reference_chains(
-            self.evaluator.examples if self.evaluator is not None else eval_examples
+        self.diagnostics = Diagnostics(
+            cfg,
+            self.dist,
+            model=self.model,
+            rollout_model=self.rollout_model,
+            precision=self.precision,
+            tokenizer=self.tokenizer,
+            retriever=self.retriever,
+            engine=self.engine,
+            template=self.template,
+            probe_set=self.probe_set,
+            prompt_ids=self._prompt_ids,
+        )
+        self.reference = self.diagnostics.load_reference(
+            self.run_dir,
+            self.step,
+            self.evaluator.examples if self.evaluator is not None else eval_examples,
         )
 
         self.logger: MetricsLogger | None = None
-        self.monitor = self._new_monitor()
+        self.monitor = new_monitor(cfg, self.run_dir, self.step)
         self.rollbacks = 0
         self.rollback_llds_coef: float | None = None  # LLDS turned on by a rollback
 
@@ -266,81 +263,105 @@ class GRPOTrainer:
         ]
 
     def train_step(self) -> dict[str, Any]:
-        cfg = self.cfg
-        k = self.step
-        t0 = time.perf_counter()
-        batch = self._generate_on_every_rank(self.step_requests(k))
-        t_rollout = time.perf_counter() - t0
-
+        """One GRPO step: rollouts, advantages, pi_old and reference log-probs, the updates,
+        the measurements; then the alarms, the periodic evaluation and measurements, the log
+        and the checkpoint. Returns the step's metric row."""
+        cfg, k, times = self.cfg, self.step, PhaseTimes()
+        with times("rollout"):
+            batch = self._generate_on_every_rank(self.step_requests(k))
         adv = group_advantages(batch.rewards, batch.group_ids, normalize_std=cfg.algo.normalize_std)
-        t1 = time.perf_counter()
-        temp = cfg.rollout.temperature
-        budget = cfg.optim.micro_batch_tokens
-        from_rollout = self._old_logprobs_from_rollout(batch)
-        if from_rollout:
-            old_logp, entropy = batch.rollout_logprobs, batch.rollout_entropy
-        else:
-            self.rollout_model.eval()
-            with self.precision.autocast():
-                old_logp, entropy = batched_log_probs(
-                    self.rollout_model, batch, budget, temperature=temp, with_entropy=True
-                )
-        t_old = time.perf_counter() - t1
-        ref_logp = None
-        t2 = time.perf_counter()
-        if self.ref_model is not None:
-            with self.precision.autocast():
-                ref_logp, _ = batched_log_probs(self.ref_model, batch, budget, temperature=temp)
-        t_ref = time.perf_counter() - t2
+        with times("old_logprob"):
+            from_rollout, old_logp, entropy = self._old_logprobs(batch)
+        with times("ref_logprob"):
+            ref_logp = self._ref_logprobs(batch)
+        with times("update"):
+            update_stats = self._update(batch, adv, old_logp, ref_logp, k)
+        self.scheduler.step()
+        with times("diagnostics"):
+            # rollouts from another policy (the sampling copy) and pi_old recomputed: their mismatch
+            other_sampler = self.sampler is not self.rollout_model and not from_rollout
+            metrics = rollout_metrics(
+                batch,
+                adv,
+                old_logp,
+                entropy,
+                self.dist.sum,
+                sampler_logp=batch.rollout_logprobs if other_sampler else None,
+            )
+            metrics.update(update_stats)
+            if cfg.diagnostics.enabled:
+                rows = self.updater.minibatch_of_row
+                metrics.update(self.diagnostics.after_update(batch, old_logp, adv, k, rows))
+        metrics.update(times.metrics())
+        metrics.update(self._step_info(batch, times, from_rollout))
+        metrics = self.dist.reduce_metrics(metrics, weight=len(batch))
+        self.step += 1
+        return self._after_step(metrics)
 
-        t3 = time.perf_counter()
+    def _old_logprobs(self, batch: RolloutBatch):
+        """`(taken from the rollout, pi_old's log-probs, their entropies)`: the rollout's own
+        when `old_logprobs_from_rollout` allows it, else one no-grad forward."""
+        if old_logprobs_from_rollout(
+            self.cfg.algo,
+            batch,
+            sampled_by_copy=self.sampler is not self.rollout_model,
+            llds_coef=self._llds_coef(),
+            mixed_precision=self.precision.mixed,
+        ):
+            return True, batch.rollout_logprobs, batch.rollout_entropy
+        self.rollout_model.eval()
+        with self.precision.autocast():
+            old_logp, entropy = batched_log_probs(
+                self.rollout_model,
+                batch,
+                self.cfg.optim.micro_batch_tokens,
+                temperature=self.cfg.rollout.temperature,
+                with_entropy=True,
+            )
+        return False, old_logp, entropy
+
+    def _ref_logprobs(self, batch: RolloutBatch) -> torch.Tensor | None:
+        """The reference model's log-probs (KL), None without one."""
+        if self.ref_model is None:
+            return None
+        with self.precision.autocast():
+            ref_logp, _ = batched_log_probs(
+                self.ref_model,
+                batch,
+                self.cfg.optim.micro_batch_tokens,
+                temperature=self.cfg.rollout.temperature,
+            )
+        return ref_logp
+
+    def _update(self, batch: RolloutBatch, adv, old_logp, ref_logp, k: int) -> dict[str, float]:
+        """The step's optimizer updates, then the copies refreshed from the new weights."""
         self.model.train()
         # each local row's index in the step's global batch (question j, rollout i), so that
         # mini-batches are drawn from the global batch as a single process would draw them
-        g = cfg.rollout.group_size
-        global_rows = [j * g + i for j in self.dist.shard(cfg.prompts_per_step) for i in range(g)]
-        update_stats = self.updater.run(
+        g = self.cfg.rollout.group_size
+        global_rows = [
+            j * g + i for j in self.dist.shard(self.cfg.prompts_per_step) for i in range(g)
+        ]
+        stats = self.updater.run(
             batch, adv, old_logp, ref_logp, k, global_rows, llds_coef=self._llds_coef()
         )
         self._sync_copies()
-        t_update = time.perf_counter() - t3
-        self.scheduler.step()
+        return stats
 
-        t4 = time.perf_counter()
-        # rollouts from another policy (the sampling copy) and pi_old recomputed: their mismatch
-        other_sampler = self.sampler is not self.rollout_model and not from_rollout
-        metrics = rollout_metrics(
-            batch,
-            adv,
-            old_logp,
-            entropy,
-            self.dist.sum,
-            sampler_logp=batch.rollout_logprobs if other_sampler else None,
-        )
-        metrics.update(update_stats)
-        if cfg.diagnostics.enabled:
-            metrics.update(self._displacement(batch, old_logp, adv, k))
-            every = cfg.diagnostics.hidden_similarity_every
-            if every > 0 and k % every == 0:
-                metrics[keys.HIDDEN_COSINE] = self._hidden_similarity(batch)
-        t_diag = time.perf_counter() - t4
+    def _step_info(self, batch: RolloutBatch, times: PhaseTimes, from_rollout: bool):
+        """The step's bookkeeping metrics: throughput, learning rate, where pi_old came from."""
         model_tokens = int(batch.loss_mask.sum())
-        metrics.update(
-            {
-                "time/rollout": t_rollout,
-                "time/old_logprob": t_old,
-                "time/ref_logprob": t_ref,
-                "time/update": t_update,
-                "time/diagnostics": t_diag,
-                "time/step": time.perf_counter() - t0,
-                "throughput/rollout_tokens_per_s": model_tokens / max(t_rollout, 1e-9),
-                "lr": self.scheduler.get_last_lr()[0],
-                "policy/old_logprobs_from_rollout": float(from_rollout),
-                "dist/processes": self.dist.world,
-            }
-        )
-        metrics = self.dist.reduce_metrics(metrics, weight=len(batch))
-        self.step += 1
+        return {
+            "throughput/rollout_tokens_per_s": model_tokens / max(times.seconds["rollout"], 1e-9),
+            "lr": self.scheduler.get_last_lr()[0],
+            "policy/old_logprobs_from_rollout": float(from_rollout),
+            "dist/processes": self.dist.world,
+        }
+
+    def _after_step(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        """The monitor's alarms, the periodic evaluation and measurements, the log and the
+        checkpoint of the step just taken; returns its row (after acting on its alarms)."""
+        cfg = self.cfg
         alarms = self.monitor.update({"step": self.step, **metrics}) if self.monitor else []
         metrics["alarms/count"] = len(alarms)
         if self.monitor is not None:
@@ -348,10 +369,7 @@ class GRPOTrainer:
         if self.evaluator is not None and is_due(self.step, cfg.eval_every, cfg.steps):
             with sampling_context(self.cfg.rollout.dtype, self.precision.autocast()):
                 metrics.update(self.evaluator(self.sampler, self.step))
-        if self.probe_set and self.step % cfg.diagnostics.probe_every == 0:
-            metrics.update(self._probe())
-        if self.reference is not None and self.step % cfg.diagnostics.reference_every == 0:
-            metrics.update(self._reference_metrics())
+        metrics.update(self.diagnostics.periodic(self.step))
         if self.logger is not None:
             self.logger.log(self.step, metrics)
         if self.step % cfg.save_every == 0 or self.step == cfg.steps:
@@ -361,113 +379,11 @@ class GRPOTrainer:
             self._on_alarms(alarms)
         return row
 
-    def _probe(self) -> dict[str, float]:
-        """The one-step probe on a float32 copy of the policy: the trained weights, optimizer
-        and random streams are left exactly as they were."""
-        cfg = self.cfg
-        model = copy.deepcopy(self.rollout_model).float().requires_grad_(True)
-        adamw = cfg.diagnostics.probe_optimizer == "adamw"  # the run's own optimizer and lr
-        with self._forked_streams():
-            results = run_probe(
-                model,
-                self.tokenizer,
-                self.retriever,
-                self.probe_set,
-                group_size=cfg.rollout.group_size,
-                rollout=self.engine.config,
-                lr=cfg.optim.lr if adamw else cfg.diagnostics.probe_lr,
-                optimizer=cfg.diagnostics.probe_optimizer,
-                adam=AdamSettings(tuple(cfg.optim.betas), cfg.optim.eps, cfg.optim.weight_decay),
-                seed=cfg.seed,
-                template=self.template,
-                chat=cfg.model.chat,
-                progress=False,
-            )
-        del model
-        return probe_metrics(results)
-
-    def _reference_chains(self, examples: Sequence[QAExample] | None) -> ReferenceChains | None:
-        """The fixed reference chains (main process only; None when off): built from the
-        starting policy at step 0 and written beside the run, read back on a resume, so that
-        every `lld/ref_*` value is a change against the same start."""
-        cfg = self.cfg
-        d = cfg.diagnostics
-        if d.reference_every <= 0 or not d.enabled or not self.dist.is_main:
-            return None
-        path = self.run_dir / REFERENCE_FILE
-        if self.step > 0:
-            if path.is_file():
-                return ReferenceChains.read(path)
-            log.warning(
-                "%s is missing: no lld/ref_* metrics in this resumed run (the reference chains "
-                "are built from the starting policy, at step 0)",
-                path,
-            )
-            return None
-        if examples is None:
-            from llds.data.loaders import load_examples
-
-            examples = load_examples(cfg.data.eval, limit=cfg.data.eval_limit)
-        greedy = eval_rollout_config(
-            self.engine.config, cfg.eval_max_turns if self.retriever else 0
-        )
-        engine = RolloutEngine(self.rollout_model, self.tokenizer, self.retriever, greedy)
-        with self._scoring_mode():
-            chains = ReferenceChains.build(
-                self.rollout_model,
-                engine,
-                [(self._prompt_ids(ex), ex) for ex in examples],
-                self.engine.pad_id,
-                cfg.optim.micro_batch_tokens,
-            )
-        chains.write(path)
-        return chains
-
-    def _reference_metrics(self) -> dict[str, float]:
-        assert self.reference is not None
-        with self._scoring_mode():
-            return self.reference.metrics(
-                self.rollout_model, self.engine.pad_id, self.cfg.optim.micro_batch_tokens
-            )
-
-    @contextlib.contextmanager
-    def _forked_streams(self):
-        """The run's autocast with forked random streams: a diagnostic leaves the sampling
-        streams exactly as they were."""
-        devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
-        with torch.random.fork_rng(devices=devices), self.precision.autocast():
-            yield
-
-    @contextlib.contextmanager
-    def _scoring_mode(self):
-        """Eval mode on top of `_forked_streams`, for a diagnostic forward pass of the policy."""
-        was_training = self.rollout_model.training
-        self.rollout_model.eval()
-        try:
-            with self._forked_streams():
-                yield
-        finally:
-            self.rollout_model.train(was_training)
-
     # ------------------------------------------------------------------ alarms
-    def _new_monitor(self) -> AlarmMonitor | None:
-        """A fresh monitor fed with the run's logged history (so resume does not reset it)."""
-        if not (self.cfg.diagnostics.enabled and self.cfg.diagnostics.alarms):
-            return None
-        monitor = AlarmMonitor()
-        for row in read_metrics(self.run_dir):
-            if row.get("step", 0) <= self.step:
-                monitor.update(row)
-        return monitor
-
     def _on_alarms(self, alarms: list[Alarm]) -> None:
-        action = should_act(alarms, self.cfg.diagnostics.on_alarm)
-        for a in alarms:
-            log.warning("step %d: %s alarm (%s): %s", a.step, a.kind, a.severity, a.message)
-        if self.dist.is_main:
-            with (self.run_dir / "alarms.jsonl").open("a", encoding="utf-8") as f:
-                for a in alarms:
-                    f.write(json.dumps({**a.to_dict(), "action": action.kind}) + "\n")
+        action = decide(
+            alarms, self.cfg.diagnostics.on_alarm, self.run_dir, write=self.dist.is_main
+        )
         if action.kind == "stop":
             self.save()
             raise CollapseAlarmStop(f"stopping at step {self.step}: {action.reason}")
@@ -477,18 +393,10 @@ class GRPOTrainer:
     def _rollback(self, before_step: int) -> None:
         """Reload the newest sound checkpoint at or before `before_step` (the checks resume
         makes: a damaged one is passed over, named) and go on with LLDS on."""
-        target, damaged = find_resumable(self.ckpt_root, at_or_before=before_step)
-        for path, why in damaged:
-            log.warning("rollback passes over checkpoint %s: %s", path.name, why)
-        if target is None:
-            raise CollapseAlarmStop(
-                f"rollback requested to a step <= {before_step} but no sound checkpoint is kept "
-                "(lower save_every or raise keep_checkpoints); stopping instead"
-            )
+        target = rollback_target(self.ckpt_root, before_step)
         if self.logger is not None:  # keep the evidence: the abandoned branch of the log
             self.logger.close()
-            abandoned = self.run_dir / f"metrics.rollback{self.rollbacks + 1}.jsonl"
-            abandoned.write_text((self.run_dir / "metrics.jsonl").read_text(encoding="utf-8"))
+            keep_abandoned_log(self.run_dir, self.rollbacks)
         state, blobs = load_training_state(target)
         if not self.sharded:  # under FSDP the shards hold the weights
             model, _ = load_model(self.cfg.model, path=str(target / "model"), dtype="float32")
@@ -497,9 +405,7 @@ class GRPOTrainer:
         self._load_optimizer_state(target, blobs)
         self._sync_copies()
         self.step = int(state["step"])
-        self.rollback_llds_coef = max(
-            self.cfg.algo.llds.coef, self.cfg.diagnostics.rollback_llds_coef
-        )
+        self.rollback_llds_coef = rollback_coef(self.cfg)
         self.rollbacks += 1
         log.warning(
             "rolled back to %s; continuing with LLDS on (coef %.3g)",
@@ -514,7 +420,7 @@ class GRPOTrainer:
                 wandb=False,
                 resume_step=self.step,
             )
-        self.monitor = self._new_monitor()
+        self.monitor = new_monitor(self.cfg, self.run_dir, self.step)
 
     # ------------------------------------------------------------------ pieces
     def _prompt_ids(self, ex: QAExample) -> list[int]:
@@ -534,26 +440,6 @@ class GRPOTrainer:
         if self.sampler is not self.rollout_model:
             refresh_sampling_copy(self.rollout_model, self.sampler)
 
-    def _old_logprobs_from_rollout(self, batch: RolloutBatch) -> bool:
-        """Take pi_old from the rollout (saving a forward pass over the whole batch) when the
-        config allows it and the engine recorded them; see `AlgoConfig.old_logprobs`."""
-        algo = self.cfg.algo
-        if (
-            algo.old_logprobs == "recompute"
-            or batch.rollout_logprobs is None
-            or batch.rollout_entropy is None
-        ):
-            return False
-        if algo.old_logprobs == "rollout":
-            return True
-        if self.sampler is not self.rollout_model:  # sampled by a copy, not by this forward
-            return False
-        # auto: float32 sampling logits equal the training forward's to rounding; LLDS's first
-        # step is exactly 0 whatever pi_old's rounding. The authors' first-step LLDS acts on that
-        # rounding, so it gets their recomputed pi_old (read per step: rollback turns LLDS on).
-        noisy_llds = self._llds_coef() > 0 and algo.llds.first_update == "computed"
-        return not noisy_llds and not self.precision.mixed
-
     def _llds_coef(self) -> float:
         """LLDS's coefficient now: the config's, or after a rollback the rollback's (0 = off)."""
         if self.rollback_llds_coef is not None:
@@ -561,108 +447,9 @@ class GRPOTrainer:
         lc = self.cfg.algo.llds
         return lc.coef if lc.enabled else 0.0
 
-    def _displacement(self, batch: RolloutBatch, old_logp, adv, k: int) -> dict[str, float]:
-        """One extra no-grad forward: how did this step's updates move the batch's likelihood?"""
-        frac = self.cfg.diagnostics.sample_fraction
-        b = len(batch)
-        if frac < 1.0:
-            gen = torch.Generator().manual_seed(self.cfg.seed * 104_729 + k)
-            rows = sorted(torch.randperm(b, generator=gen)[: max(1, round(frac * b))].tolist())
-        else:
-            rows = list(range(b))
-        sub = batch.select(rows)
-        self.rollout_model.eval()  # after the update: under FSDP the refreshed copy
-        with self.precision.autocast():
-            new_logp, _ = batched_log_probs(
-                self.rollout_model,
-                sub,
-                self.cfg.optim.micro_batch_tokens,
-                temperature=self.cfg.rollout.temperature,
-            )
-        self.model.train()
-        w = sub.response_len
-        correct = torch.tensor([e.em > 0 for e in sub.episodes])
-        out = displacement_metrics(
-            old_logp[rows, :w], new_logp, sub.loss_mask, sub.action_index, correct, adv[rows]
-        )
-        shares = lld_share_metrics(
-            old_logp[rows, :w],
-            new_logp,
-            sub.loss_mask,
-            adv[rows],
-            sub.group_ids,
-            sub.rewards,
-            group_accuracy=group_correct_share(batch.group_ids, batch.rewards),
-        )
-        out.update(self._pooled_over_processes(shares))
-        if self.cfg.diagnostics.share_by_minibatch:
-            parts = [self.updater.minibatch_of_row[r] for r in rows]
-            out.update(
-                self._share_by_minibatch(old_logp[rows, :w], new_logp, sub, adv[rows], parts)
-            )
-        return out
-
-    def _share_by_minibatch(
-        self, before: torch.Tensor, after: torch.Tensor, sub: RolloutBatch, adv, parts: list[int]
-    ) -> dict[str, float]:
-        """`diagnostics.share_by_minibatch`: the share by mini-batch index, pooled over
-        processes (counts summed)."""
-        n_parts = self.cfg.optim.mini_batches
-        table = torch.zeros(n_parts, 2, dtype=torch.float64)
-        for part, (fell, n) in share_by_part(before, after, sub.loss_mask, adv, parts).items():
-            table[part] = torch.tensor([fell, n], dtype=torch.float64)
-        table = self.dist.sum(table)
-        out: dict[str, float] = {}
-        for part in range(n_parts):
-            share_key, count_key = keys.minibatch_share_keys(part)
-            fell, n = table[part].tolist()
-            out[count_key] = n
-            if n > 0:
-                out[share_key] = fell / n
-        return out
-
-    def _pooled_over_processes(self, shares: dict[str, float]) -> dict[str, float]:
-        """The step's LLD shares over every process's responses: counts summed, shares weighted
-        by their counts (one all-reduce; every rank then holds the global values)."""
-        if not self.dist.enabled:
-            return shares
-        pairs = list(keys.SHARE_COUNTS.items())
-        fallen = [shares.get(s, 0.0) * shares[n] for s, n in pairs]
-        counts = sorted(set(keys.SHARE_COUNTS.values()))
-        total = self.dist.sum(torch.tensor(fallen + [shares[n] for n in counts])).tolist()
-        pooled = dict(zip(counts, total[len(pairs) :], strict=True))
-        for (share, n), f in zip(pairs, total[: len(pairs)], strict=True):
-            if pooled[n] > 0:
-                pooled[share] = f / pooled[n]
-        return pooled
-
-    def _hidden_similarity(self, batch: RolloutBatch) -> float:
-        """Fig. 3b of the paper: how alike the model represents correct and incorrect responses
-        of the same question (after this step's update; the mixed groups only)."""
-        correct = [e.em > 0 for e in batch.episodes]
-        verdicts: dict[str, set[bool]] = {}
-        for g, ok in zip(batch.group_ids, correct, strict=True):
-            verdicts.setdefault(g, set()).add(ok)
-        rows = [r for r, g in enumerate(batch.group_ids) if len(verdicts[g]) == 2]
-        if not rows:
-            return float("nan")
-        sub = batch.select(rows)
-        self.rollout_model.eval()
-        with self.precision.autocast():
-            pooled = pooled_response_hidden(
-                self.rollout_model, sub, self.cfg.optim.micro_batch_tokens
-            )
-        self.model.train()
-        return group_hidden_similarity(
-            pooled, [batch.group_ids[r] for r in rows], [correct[r] for r in rows]
-        )
-
     def save(self) -> Path | None:
-        """Write the checkpoint atomically; every rank waits until it is complete.
-
-        Unsharded: rank 0 writes it. Under FSDP every rank writes its shard of the weights and
-        the optimizer state into `sharded/`, and rank 0 adds the full float32 weights as an HF
-        model directory (`model/`, what `llds eval` loads) and the rest."""
+        """Write the step's checkpoint atomically (`llds.train.saving`); every rank waits until
+        it is complete."""
         state = {
             "step": self.step,
             "nonfinite_in_a_row": self.updater.nonfinite_in_a_row,
@@ -670,45 +457,16 @@ class GRPOTrainer:
             "config": to_dict(self.cfg),
             FLOAT_ENV_KEY: float_environment(),
         }
-        if not self.sharded:
-            if not self.dist.is_main:
-                self.dist.barrier()
-                return None
-            path = save_checkpoint(
-                self.ckpt_root,
-                self.step,
-                model=self.model,
-                tokenizer=self.tokenizer,
-                optimizer=self.optimizer,
-                scheduler=self.scheduler,
-                grad_scaler=self.scaler,
-                trainer_state=state,
-                keep=self.cfg.keep_checkpoints,
-                protocol=self.protocol,
-            )
-            self.dist.barrier()
-            return path
-        tmp = self.ckpt_root / f".tmp_step_{self.step:06d}"
-        if self.dist.is_main:
-            stage_checkpoint(self.ckpt_root, self.step)
-        self.dist.barrier()
-        fsdp.save_sharded(tmp / SHARDED, self.model, self.optimizer)
-        full = fsdp.full_state_dict(self.model)  # rank 0 gets the tensors, the others {}
-        path = None
-        if self.dist.is_main:
-            write_checkpoint_files(
-                tmp,
-                model=self.model,  # float32 parameters: config.json records float32
-                tokenizer=self.tokenizer,
-                optimizer=None,
-                scheduler=self.scheduler,
-                trainer_state=state,
-                state_dict=full,
-                protocol=self.protocol,
-            )
-            path = publish_checkpoint(self.ckpt_root, self.step, tmp, self.cfg.keep_checkpoints)
-        self.dist.barrier()
-        return path
+        return save_run_checkpoint(
+            self.ckpt_root,
+            self.step,
+            RunState(self.model, self.tokenizer, self.optimizer, self.scheduler, self.scaler),
+            state,
+            keep=self.cfg.keep_checkpoints,
+            protocol=self.protocol,
+            dist=self.dist,
+            sharded=self.sharded,
+        )
 
 
 def rollout_seed(seed: int, step: int, row: int) -> int:

@@ -1,0 +1,88 @@
+"""Saving a run's checkpoint from every process: unsharded, rank 0 writes it; under FSDP every
+rank writes its shard of the weights and the optimizer state into `sharded/`, and rank 0 adds
+the full float32 weights as an HF model directory (`model/`, what `llds eval` loads) and the
+rest. Atomic either way (`llds.train.checkpoint`), and every rank waits until it is complete."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from llds.env.protocol import Protocol
+from llds.train import fsdp
+from llds.train.checkpoint import (
+    STAGING_PREFIX,
+    publish_checkpoint,
+    save_checkpoint,
+    stage_checkpoint,
+    write_checkpoint_files,
+)
+from llds.train.distributed import Dist
+
+SHARDED = "sharded"
+"""a checkpoint's directory of FSDP shards (the weights and the optimizer state)"""
+
+
+@dataclass(frozen=True)
+class RunState:
+    """What a checkpoint holds besides the trainer's own state."""
+
+    model: Any
+    tokenizer: Any
+    optimizer: Any
+    scheduler: Any
+    scaler: Any = None
+
+
+def save_run_checkpoint(
+    ckpt_root: Path,
+    step: int,
+    run: RunState,
+    trainer_state: dict[str, Any],
+    *,
+    keep: int,
+    protocol: Protocol | None,
+    dist: Dist,
+    sharded: bool,
+) -> Path | None:
+    """Checkpoint `step`; returns its path on rank 0 (None elsewhere)."""
+    if not sharded:
+        if not dist.is_main:
+            dist.barrier()
+            return None
+        path = save_checkpoint(
+            ckpt_root,
+            step,
+            model=run.model,
+            tokenizer=run.tokenizer,
+            optimizer=run.optimizer,
+            scheduler=run.scheduler,
+            grad_scaler=run.scaler,
+            trainer_state=trainer_state,
+            keep=keep,
+            protocol=protocol,
+        )
+        dist.barrier()
+        return path
+    tmp = ckpt_root / f"{STAGING_PREFIX}{step:06d}"
+    if dist.is_main:
+        stage_checkpoint(ckpt_root, step)
+    dist.barrier()
+    fsdp.save_sharded(tmp / SHARDED, run.model, run.optimizer)
+    full = fsdp.full_state_dict(run.model)  # rank 0 gets the tensors, the others {}
+    path = None
+    if dist.is_main:
+        write_checkpoint_files(
+            tmp,
+            model=run.model,  # float32 parameters: config.json records float32
+            tokenizer=run.tokenizer,
+            optimizer=None,
+            scheduler=run.scheduler,
+            trainer_state=trainer_state,
+            state_dict=full,
+            protocol=protocol,
+        )
+        path = publish_checkpoint(ckpt_root, step, tmp, keep)
+    dist.barrier()
+    return path
