@@ -476,3 +476,23 @@ def test_real_verl_bypass_mode_is_refused_when_the_config_is_built():
     full = _verl_config(extra={"algorithm.rollout_correction.bypass_mode": "true"})
     with pytest.raises(ConfigError, match=r"algorithm\.rollout_correction\.bypass_mode"):
         check_verl_config(full)
+
+
+def test_real_verl_bypass_mode_is_refused_without_the_yaml_wiring():
+    """veRL's own `apply_bypass_mode` (the driver's switch) rewrites the actor's loss config to
+    its bypass loss; with no `rollout_correction: ${algorithm.rollout_correction}` line in the
+    YAML, building the LLDS config the workers get still fails with our line."""
+    pytest.importorskip("verl")
+    from verl.trainer.ppo.rollout_corr_helper import apply_bypass_mode
+    from verl.utils.config import omega_conf_to_dataclass
+
+    cfg = _verl_config(extra={"algorithm.rollout_correction.bypass_mode": "true"})
+    batch = SimpleNamespace(batch={"rollout_log_probs": torch.zeros(2, 3)})
+    apply_bypass_mode(
+        batch,
+        rollout_corr_config=cfg.algorithm.rollout_correction,
+        policy_loss_config=cfg.actor_rollout_ref.actor.policy_loss,
+    )
+    assert cfg.actor_rollout_ref.actor.policy_loss.loss_mode == "bypass_mode"
+    with pytest.raises(Exception, match=r"algorithm\.rollout_correction\.bypass_mode=true"):
+        omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)

@@ -22,7 +22,11 @@ for _ in $(seq 60); do
   sleep 2
 done
 
-# 2. veRL, with the LLDS policy loss (registered by the policy_loss config's _target_).
+# 2. veRL, with the LLDS policy loss (registered by the policy_loss config's _target_). Its file
+#    logger writes one {"step", "data"} record per step here: `llds report runs/verl-search-r1`.
+RUN_DIR=${RUN_DIR:-runs/verl-search-r1}
+mkdir -p "$RUN_DIR"
+export VERL_FILE_LOGGER_PATH="$RUN_DIR/metrics.verl.jsonl"
 python3 -m verl.trainer.main_ppo \
   --config-path "$(pwd)/examples/verl" --config-name search_r1_llds \
   "$@"

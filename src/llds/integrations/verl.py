@@ -68,6 +68,8 @@ BASE_LOSS_KEY = "llds_base_loss_mode"
 DEFAULT_BASE_LOSS = "vanilla"
 
 BYPASS_KEY = "algorithm.rollout_correction.bypass_mode"
+BYPASS_LOSS = "bypass_mode"
+"""the loss veRL's bypass mode swaps into `policy_loss.loss_mode`"""
 BYPASS_REFUSAL = (
     f"{BYPASS_KEY}=true is refused with loss_mode=llds: veRL's bypass mode replaces "
     "policy_loss.loss_mode with its own 'bypass_mode' loss, which would silently drop LLDS; "
@@ -340,6 +342,11 @@ def _policy_loss_config_class() -> type:
         base_loss_mode(holder)
         # veRL's own field; it holds algorithm.rollout_correction when the recipe wires it
         check_rollout_correction(getattr(self, "rollout_correction", None))
+        # where veRL finally chooses the actor's loss: its bypass mode (`apply_bypass_mode`, in
+        # the driver) rewrites this config's loss_mode before the workers build it, whatever the
+        # YAML wires; this class is the user's choice of LLDS, so a swapped loss is refused here
+        if str(getattr(self, "loss_mode", LOSS_NAME)) == BYPASS_LOSS:
+            raise ConfigError(BYPASS_REFUSAL)
         register()
 
     base_field = dataclasses.field(

@@ -1,0 +1,59 @@
+"""`llds report` on a veRL log made by veRL's own code (`tests/fixtures/verl_log/make_log.py`:
+veRL's `compute_data_metrics`, the LLDS loss through veRL's registry, veRL's `reduce_metrics`
+and `FileLogger`): it reads only what veRL logs, the LLD rule reads the loss's pre-mini-batch
+share, and the verdict names the collapse step the attribution names."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+from pathlib import Path
+
+from llds.report.attribution import COLLAPSE, run_events
+from llds.report.html import write_report
+from llds.report.sources import find_source, read_source
+
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "verl_log"
+NATIVE_ONLY = ("lld/disp_pos", "lld/frac_pos_fell", "rollout/valid_searches", "policy/ratio_max")
+
+
+def _raw() -> list[dict]:
+    lines = (FIXTURE / "metrics.verl.jsonl").read_text(encoding="utf-8").splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def test_the_log_is_verl_s_own_and_the_lld_rule_reads_its_share(tmp_path):
+    raw = _raw()
+    assert all(set(r) == {"step", "data"} for r in raw)  # veRL's FileLogger records
+    assert not any(k in r["data"] for r in raw for k in NATIVE_ONLY)
+    run = tmp_path / "verl-run"
+    run.mkdir()
+    shutil.copy(FIXTURE / "metrics.verl.jsonl", run)
+    source = find_source(run)
+    assert source.kind == "verl-jsonl"
+    rows = read_source(source)
+    assert [r["step"] for r in rows] == [r["step"] for r in raw]
+    # the share comes from the loss's counts, as the report pools them
+    for r, rec in zip(rows, raw, strict=True):
+        d = rec["data"]
+        if d["actor/lld_premb_n_pos"] > 0:
+            want = d["actor/lld_premb_n_pos_fell"] / d["actor/lld_premb_n_pos"]
+            assert abs(r["lld/premb_share_pos_fell"] - want) < 1e-12
+    # the collapse by the definition, by hand: 10-step median reward at or below half its
+    # running peak (>= 0.2) to the end
+    reward = [rec["data"]["critic/score/mean"] for rec in raw]
+    smooth = [statistics.median(reward[max(0, i - 9) : i + 1]) for i in range(len(reward))]
+    peaks = [max(smooth[: i + 1]) for i in range(len(smooth))]
+    low = [s <= 0.5 * p and p >= 0.2 for s, p in zip(smooth, peaks, strict=True)]
+    collapse = raw[next(i for i in range(len(low)) if all(low[i:]))]["step"]
+    event = next(e for e in run_events(rows, []) if e.kind == COLLAPSE)
+    assert event.step == collapse
+    lld = next(f for f in event.findings if f.mechanism == "LLD")
+    assert lld.status == "present", lld
+    assert lld.numbers["lld/premb_share_pos_fell"] >= 0.5
+    # the page: its verdict and its attribution name that step, and LLDS for the LLD signature
+    page = write_report([run], tmp_path / "report").read_text(encoding="utf-8")
+    assert f"collapsed at step {collapse}" in page
+    assert f"Signatures present before the collapse at step {collapse}" in page
+    assert "LLD: LLDS (<code>algo.llds.enabled=true</code>)" in page
