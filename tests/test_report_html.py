@@ -641,3 +641,66 @@ def test_one_question_source_draws_no_extra_lines(runs):
     assert all(p.by_set == () for p in loaded.held_out.points)
     fig = draw_heldout([RunSeries("one", "#123", loaded.rows, [], [], loaded.held_out)])
     assert not [ln for ln in fig.axes[0].get_lines() if ln.get_label().startswith("one:")]
+
+
+def _render(browser: str, page: Path, tmp_path: Path, what: str) -> str:
+    """The DOM headless Chromium renders from `page` (and a screenshot of its first screen,
+    checked not to be blank)."""
+    common = [
+        browser,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        f"--user-data-dir={tmp_path / ('profile-' + what)}",
+    ]
+    shot = tmp_path / f"{what}.png"
+    subprocess.run(
+        [*common, f"--screenshot={shot}", "--window-size=1400,900", page.resolve().as_uri()],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    import matplotlib.image as mpimg
+
+    rgb = (mpimg.imread(shot)[..., :3] * 255).round().astype(int)
+    assert 0.01 < (rgb.min(axis=-1) < 240).mean() < 0.9, what  # the verdict is on screen
+    dom = subprocess.run(
+        [*common, "--dump-dom", page.resolve().as_uri()],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return dom.stdout
+
+
+def test_native_trl_and_verl_reports_render_one_collapse_step(written, tmp_path):
+    """In Chromium, each report's verdict box (at the top) names the collapse step the
+    attribution below names, or no collapse in both."""
+    browser = _chromium()
+    if browser is None:
+        pytest.skip("no chromium binary on PATH (apt-get install chromium)")
+    fixtures = Path(__file__).resolve().parent / "fixtures"
+    pages = {"native": written}
+    for name, file in (
+        ("trl", "trl_log/trainer_state.json"),
+        ("verl", "verl_log/metrics.verl.jsonl"),
+    ):
+        run = tmp_path / f"{name}-run"
+        run.mkdir()
+        shutil.copy(fixtures / file, run)
+        pages[name] = write_report([run], tmp_path / f"{name}-report")
+    collapsed = {}
+    for name, page in pages.items():
+        dom = _render(browser, page, tmp_path, name)
+        box = dom.split("<h2>Verdict</h2>")[1].split("</div></div>")[0]
+        body = dom.split("<h2>Runs</h2>")[1]
+        boxed = re.findall(r"collapsed at step (\d+)", box)
+        attributed = re.findall(r"before the collapse at step (\d+)", body)
+        assert boxed == attributed, name
+        assert dom.index("<h2>Verdict</h2>") < dom.index("How to read this report"), name
+        collapsed[name] = boxed
+    assert collapsed["native"] and collapsed["verl"] and not collapsed["trl"]
