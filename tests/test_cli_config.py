@@ -222,3 +222,18 @@ def test_print_config_shows_required_keys_not_set_yet(capsys) -> None:
     assert rc == 0 and "# not set yet" not in out
     rc, out, err = run(["train", "steps=3"], capsys)
     assert rc == 2 and err.startswith("llds train: error: model.path: required")
+
+
+@pytest.mark.parametrize(
+    ("override", "why"),
+    [
+        ("steps=true", "steps: Input should be a number, got true"),
+        ("optim.lr=false", "optim.lr: Input should be a number, got false"),
+        ("algo.llds.enabled=1", "algo.llds.enabled: Input should be true or false, got 1"),
+    ],
+)
+def test_a_switch_for_a_number_or_a_number_for_a_switch_is_refused(override, why, capsys):
+    """pydantic's lax mode would read `steps=true` as 1 and `enabled=1` as true."""
+    rc, out, err = run(["train", "--config", "organism", override, "--print-config"], capsys)
+    assert rc == 2 and out == ""
+    assert err.strip() == f"llds train: error: command line: {why}"

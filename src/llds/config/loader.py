@@ -21,7 +21,7 @@ import yaml
 from pydantic import TypeAdapter, ValidationError
 
 from llds.config.schema import config_error, missing
-from llds.config.types import field_type, section_type, takes_text
+from llds.config.types import field_type, section_type, takes_text, without_none
 from llds.errors import ConfigError
 
 T = TypeVar("T")
@@ -349,9 +349,36 @@ def collecting_missing() -> Iterator[list[tuple[str, str]]]:
         _COLLECT_MISSING.reset(token)
 
 
+def mixed_scalars(cls: type, data: Any, prefix: str = "") -> list[tuple[str, str]]:
+    """`(dotted key, why)` of each value that pydantic's lax mode would take for the wrong kind
+    of scalar: `true` for a number (`steps=true` would be 1), a number for a switch
+    (`algo.llds.enabled=1`). Strings are left to the types' own parsing."""
+    out: list[tuple[str, str]] = []
+    if not isinstance(data, Mapping) or not dataclasses.is_dataclass(cls):
+        return out
+    for name, value in data.items():
+        key = f"{prefix}{name}"
+        section = section_type(cls, name)
+        if section is not None:
+            out += mixed_scalars(section, value, key + ".")
+            continue
+        tp = field_type(cls, [name])
+        if tp is None:
+            continue
+        tp = without_none(tp)
+        if tp in (int, float) and isinstance(value, bool):
+            out.append((key, f"Input should be a number, got {str(value).lower()}"))
+        elif tp is bool and isinstance(value, int | float) and not isinstance(value, bool):
+            out.append((key, f"Input should be true or false, got {value}"))
+    return out
+
+
 def build(cls: type[T], got: Gathered) -> T:
     """Validate gathered data into `cls` and refuse a required key left empty; the first
     failure is one line naming the key and the file or command line that set it."""
+    for key, why in mixed_scalars(cls, got.data):
+        source = got.source_of(key)
+        raise ConfigError(f"{source}: {key}: {why}" if source else f"{key}: {why}")
     try:
         cfg = _adapter(cls).validate_python(got.data)
     except ValidationError as exc:
