@@ -162,13 +162,14 @@ def run(cfg: SFTConfig) -> dict[str, Any]:
 
     from llds.env.prompts import PromptTemplate
     from llds.io import write_json
-    from llds.retrieval.factory import open_retriever
+    from llds.retrieval.factory import open_answering_retriever
     from llds.sft.data import build_expert_episodes
     from llds.sft.trainer import sft_train
 
     template = PromptTemplate.from_file(cfg.prompt_template) if cfg.prompt_template else None
+    # before the model: a dead retrieval service is one line, at once
+    retriever = open_answering_retriever(corpus, key="corpus")
     model, tok = _model_and_tokenizer(cfg, corpus, template, train)
-    retriever = open_retriever(corpus)
     expert = {
         "template": template,
         "chat": cfg.chat,
