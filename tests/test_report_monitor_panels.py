@@ -52,3 +52,11 @@ def test_a_log_axis_drops_values_that_are_not_positive():
     linear = Panel("g", "norm", keys.GRAD_NORM)
     _, ys = panel_series(rows, keys.GRAD_NORM, linear)
     assert ys == [0.5, 0.0, 2.0, -1.0] and not any(math.isnan(y) for y in ys)
+
+
+def test_alarm_labels_keep_their_distance():
+    from llds.report.plots import labelled_alarm_steps
+
+    # 300 steps: labels at least 10 steps apart, the first always
+    assert labelled_alarm_steps([5, 7, 9, 15, 16, 40, 41, 300], 300) == [5, 15, 40, 300]
+    assert labelled_alarm_steps([], 300) == []

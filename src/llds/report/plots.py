@@ -384,10 +384,28 @@ def _log_axis(ax: Axes) -> None:
     ax.set_ylim(low, high)
 
 
+LABEL_GAP = 1 / 30
+"""Alarm labels closer than this share of the run's steps to the last one drawn are left out
+(their lines stay), so that labels never pile up into an unreadable block."""
+
+
+def labelled_alarm_steps(steps: Sequence[int], span: float) -> list[int]:
+    """The alarm steps that get a label: the first, then each at least `LABEL_GAP * span`
+    steps after the last labelled one."""
+    out: list[int] = []
+    for step in sorted(steps):
+        if not out or step - out[-1] >= LABEL_GAP * span:
+            out.append(step)
+    return out
+
+
 def _alarm_lines(ax: Axes, run: RunSeries, *, annotate: bool = False) -> None:
-    for step, alarms in alarm_steps(run).items():
+    by_step = alarm_steps(run)
+    last = max((int(r.get("step", 0)) for r in run.rows), default=1)
+    labelled = set(labelled_alarm_steps(list(by_step), max(last, 1)))
+    for step, alarms in by_step.items():
         ax.axvline(step, color=run.color, linestyle=":", linewidth=1.2, alpha=0.9)
-        if annotate:
+        if annotate and step in labelled:
             worst = "critical" if any(a.severity == "critical" for a in alarms) else "warning"
             ax.annotate(
                 ", ".join(a.kind.replace("_", " ") for a in alarms[:2])
