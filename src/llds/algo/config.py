@@ -126,6 +126,9 @@ class AlgoConfig:
     extra_terms: dict[str, float] = dataclasses.field(default_factory=dict)
     """coefficients of loss terms registered with `llds.algo.register_loss_term`, by name; the
     objective adds each named term (see docs/architecture.md, "Where new things go")"""
+    term_modules: list[str] = dataclasses.field(default_factory=list)
+    """modules imported before the loss is built, so that the terms they register can be named
+    in `extra_terms` from `llds train`: an importable module name or a `.py` file path"""
     format_reward: bool = False
     """Search-R1's format-aware reward instead of plain exact match"""
     rollout_correction: RolloutCorrectionConfig = dataclasses.field(

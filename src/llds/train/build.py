@@ -64,8 +64,36 @@ class Policy:
 
 
 def check_loss_terms(cfg: TrainConfig) -> None:
-    """Every term named in `algo.extra_terms` is registered, before anything loads."""
+    """Import `algo.term_modules` (their terms register themselves), then check that every
+    term named in `algo.extra_terms` is registered, before anything loads."""
+    for spec in cfg.algo.term_modules:
+        import_term_module(spec)
     active_terms(cfg.algo)
+
+
+def import_term_module(spec: str) -> None:
+    """Import one entry of `algo.term_modules`: a module name, or the path of a `.py` file."""
+    import importlib
+    import importlib.util
+    import sys
+
+    try:
+        if not spec.endswith(".py"):
+            importlib.import_module(spec)
+            return
+        path = Path(spec).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"algo.term_modules: {spec} does not exist")
+        name = f"llds_terms_{path.stem}"
+        if name in sys.modules:
+            return
+        module_spec = importlib.util.spec_from_file_location(name, path)
+        assert module_spec is not None and module_spec.loader is not None
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[name] = module
+        module_spec.loader.exec_module(module)
+    except ImportError as exc:
+        raise ConfigError(f"algo.term_modules: cannot import {spec!r} ({exc})") from None
 
 
 def check_whole_groups(cfg: TrainConfig, dist: Dist) -> None:
