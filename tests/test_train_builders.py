@@ -69,10 +69,15 @@ def test_rollout_and_sampling_models(world_tokenizer) -> None:
     assert build.rollout_model(config(), Dist(), model, precision) is model
     with pytest.raises(ConfigError, match=r"fsdp\.enabled: needs a multi-process launch"):
         build.rollout_model(config("fsdp.enabled=true"), Dist(), model, precision)
-    assert build.sampling_model(config(), model) is model
-    copy = build.sampling_model(config("rollout.dtype=bfloat16"), model)
-    assert copy is not model
-    assert {p.dtype for p in copy.parameters()} == {torch.bfloat16}
+    itself = build.sampler(config(), model)
+    assert itself.model is model and not itself.is_copy
+    copy = build.sampler(config("rollout.dtype=bfloat16"), model)
+    assert copy.model is not model and copy.is_copy and copy.policy is model
+    assert {p.dtype for p in copy.model.parameters()} == {torch.bfloat16}
+    with torch.no_grad():
+        next(model.parameters()).add_(1.0)
+    copy.refresh()  # the copy takes the policy's new weights, in its dtype
+    assert torch.equal(next(copy.model.parameters()), next(model.parameters()).to(torch.bfloat16))
 
 
 def test_single_turn_runs_open_no_retriever() -> None:

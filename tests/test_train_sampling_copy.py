@@ -82,17 +82,17 @@ def test_trainer_samples_from_a_refreshed_copy(
     tr = GRPOTrainer(load_config(cfg_path, overrides))
     start = {n: p.detach().clone() for n, p in tr.model.named_parameters()}
     rows = tr.train()
-    assert tr.engine.model is tr.sampler and tr.sampler is not tr.model
+    assert tr.engine.model is tr.sampler.model and tr.sampler.is_copy
     assert all(p.dtype == torch.float32 for p in tr.model.parameters())
     policy = dict(tr.model.named_parameters())
     moved = 0
-    for name, p in tr.sampler.named_parameters():
+    for name, p in tr.sampler.model.named_parameters():
         assert p.dtype == torch.bfloat16
         assert torch.equal(p, policy[name].detach().to(torch.bfloat16))
         moved += not torch.equal(p, start[name].to(torch.bfloat16))
     assert moved > 0
     assert [r["policy/old_logprobs_from_rollout"] for r in rows] == [0.0, 0.0]
-    assert tr.sampler.config._attn_implementation == kernel
+    assert tr.sampler.model.config._attn_implementation == kernel
 
 
 def test_lora_policy_copy_carries_the_trained_adapters(
@@ -117,12 +117,12 @@ def test_lora_policy_copy_carries_the_trained_adapters(
     }
     tr.train()
     policy = dict(tr.model.named_parameters())
-    copied = dict(tr.sampler.named_parameters())
+    copied = dict(tr.sampler.model.named_parameters())
     assert set(copied) == set(policy) and adapters_before
     moved = [n for n in adapters_before if not torch.equal(policy[n], adapters_before[n])]
     assert moved
     for name in moved:
         assert torch.equal(copied[name], policy[name].detach().to(torch.bfloat16))
     assert all(p.dtype == torch.bfloat16 for p in copied.values())
-    inner = next(m for m in tr.sampler.modules() if hasattr(m, "config"))
+    inner = next(m for m in tr.sampler.model.modules() if hasattr(m, "config"))
     assert inner.config._attn_implementation == "eager"

@@ -13,6 +13,7 @@ using the policy itself.
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -42,10 +43,37 @@ def refresh_sampling_copy(source: nn.Module, clone: nn.Module) -> None:
         clone.load_state_dict(source.state_dict())
 
 
-def sampling_context(clone_dtype: str | None, autocast: contextlib.AbstractContextManager):
-    """The context rollouts run in: the run's autocast when sampling from the policy itself;
-    none for a copy, whose stored dtype is its compute dtype."""
-    return contextlib.nullcontext() if clone_dtype is not None else autocast
+@dataclass(frozen=True)
+class Sampler:
+    """The model rollouts and periodic evaluations sample from, and everything that follows
+    from whether it is the policy's own forward (`policy`) or a copy in another dtype: the
+    context it samples in, its refresh after an update, whether its log-probs are pi_old's and
+    whether a rollout correction has anything to correct. Decided once, here."""
+
+    model: nn.Module
+    policy: nn.Module
+
+    @property
+    def is_copy(self) -> bool:
+        """A copy samples (`rollout.dtype`): its numbers are not the policy's forward."""
+        return self.model is not self.policy
+
+    def context(self, autocast: contextlib.AbstractContextManager):
+        """The run's autocast when the policy samples itself; none for a copy, whose stored
+        dtype is its compute dtype."""
+        return contextlib.nullcontext() if self.is_copy else autocast
+
+    def refresh(self) -> None:
+        """After the policy's weights changed: the copy takes them (nothing for the policy)."""
+        if self.is_copy:
+            refresh_sampling_copy(self.policy, self.model)
+
+
+def sampler_for(policy: nn.Module, dtype: str | None, attn_implementation: str | None) -> Sampler:
+    """The policy itself, or with `dtype` (`rollout.dtype`) a copy of it in that dtype."""
+    if dtype is None:
+        return Sampler(policy, policy)
+    return Sampler(make_sampling_copy(policy, dtype, attn_implementation), policy)
 
 
 def _set_attention(model: nn.Module, name: str) -> None:

@@ -29,7 +29,7 @@ from llds.errors import ConfigError, UserInputError
 from llds.evaluation.periodic import PeriodicEvaluator, eval_rollout_config
 from llds.policy.lora import ADAPTER_DIR, WithoutAdapters, attach_lora, load_adapter
 from llds.policy.precision import Precision, compute_dtype_of
-from llds.policy.sampling_copy import make_sampling_copy
+from llds.policy.sampling_copy import Sampler, sampler_for
 from llds.policy.setup import frozen_copy, load_model
 from llds.retrieval.base import Retriever
 from llds.rollout import RolloutConfig, RolloutEngine
@@ -176,12 +176,10 @@ def rollout_model(cfg: TrainConfig, dist: Dist, model: Any, precision: Precision
     return unsharded
 
 
-def sampling_model(cfg: TrainConfig, rollout: Any) -> Any:
-    """The model rollouts and periodic evaluation sample from: the rollout model, or with
+def sampler(cfg: TrainConfig, rollout: Any) -> Sampler:
+    """What rollouts and periodic evaluation sample from: the rollout model, or with
     `rollout.dtype` a copy of it in that dtype (refreshed after every update)."""
-    if cfg.rollout.dtype is None:
-        return rollout
-    return make_sampling_copy(rollout, cfg.rollout.dtype, cfg.rollout.attn_implementation)
+    return sampler_for(rollout, cfg.rollout.dtype, cfg.rollout.attn_implementation)
 
 
 def retriever(cfg: TrainConfig, given: Retriever | None) -> Retriever | None:

@@ -21,7 +21,7 @@ import torch
 from llds import metrics as keys
 from llds.algo.llds import preserving_mask
 from llds.algo.objective import grpo_objective, llds_term
-from llds.algo.rollout_correction import importance_weights, no_correction
+from llds.algo.rollout_correction import importance_weights
 from llds.errors import ConfigError
 from llds.monitor.mismatch import correction_metrics
 from llds.monitor.turns import void_turn_count
@@ -115,15 +115,12 @@ def step_is_weights(
 ) -> tuple[torch.Tensor | None, dict[str, float]]:
     """`algo.rollout_correction`'s per-token weights of the step (None: off) and their metrics.
 
-    Only a sampler that is not the trained policy (`rollout.dtype`: a copy samples) gets weights
-    from its log-probs; otherwise the weights are exactly 1 by construction and none is applied."""
+    A correction is on only with a sampling copy (`rollout.dtype`; the config refuses it
+    otherwise): the weights come from the copy's log-probs against pi_old."""
     rc = cfg.algo.rollout_correction
     if rc.mode == "off":
         return None, {}
     mask = loss_mask.to(old_logp.device)
-    if cfg.rollout.dtype is None:
-        weights, clipped = no_correction(mask)
-        return None, correction_metrics(weights, clipped, mask)
     if batch.rollout_logprobs is None:
         raise RuntimeError(
             "algo.rollout_correction needs the sampler's log-probs, and this rollout batch has "

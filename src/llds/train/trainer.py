@@ -29,7 +29,6 @@ from llds.monitor.alarms import Alarm
 from llds.monitor.rollout_metrics import rollout_metrics
 from llds.policy.float_env import float_environment
 from llds.policy.forward import batched_log_probs
-from llds.policy.sampling_copy import refresh_sampling_copy, sampling_context
 from llds.policy.setup import load_model
 from llds.retrieval.client import RetrievalServiceError
 from llds.rollout import RolloutBatch, RolloutRequest
@@ -101,12 +100,12 @@ class GRPOTrainer:
         self.sharded = cfg.fsdp.enabled
         self.rollout_model = build.rollout_model(cfg, self.dist, self.model, self.precision)
         self.model.train()
-        self.sampler = build.sampling_model(cfg, self.rollout_model)
+        self.sampler = build.sampler(cfg, self.rollout_model)
 
         self.stream = PromptStream(train_examples, cfg.seed)
         self.template = build.prompt_template(cfg)
         self._prompt_cache: dict[str, list[int]] = {}
-        self.engine = build.rollout_engine(cfg, self.sampler, self.tokenizer, self.retriever)
+        self.engine = build.rollout_engine(cfg, self.sampler.model, self.tokenizer, self.retriever)
         self.protocol = build.protocol(cfg, self.template)
         self.evaluator = build.periodic_evaluator(
             cfg,
@@ -234,7 +233,7 @@ class GRPOTrainer:
         with a rank that left and fail there with a transport error (or wait, by backend)."""
         failure: RetrievalServiceError | None = None
         try:
-            with sampling_context(self.cfg.rollout.dtype, self.precision.autocast()):
+            with self.sampler.context(self.precision.autocast()):
                 batch = self.engine.generate(requests)
         except RetrievalServiceError as exc:
             if exc.status is not None or not self.dist.enabled:
@@ -279,7 +278,7 @@ class GRPOTrainer:
         self.scheduler.step()
         with times("diagnostics"):
             # rollouts from another policy (the sampling copy) and pi_old recomputed: their mismatch
-            other_sampler = self.sampler is not self.rollout_model and not from_rollout
+            other_sampler = self.sampler.is_copy and not from_rollout
             metrics = rollout_metrics(
                 batch,
                 adv,
@@ -304,7 +303,7 @@ class GRPOTrainer:
         if old_logprobs_from_rollout(
             self.cfg.algo,
             batch,
-            sampled_by_copy=self.sampler is not self.rollout_model,
+            sampled_by_copy=self.sampler.is_copy,
             llds_coef=self._llds_coef(),
             mixed_precision=self.precision.mixed,
         ):
@@ -367,8 +366,8 @@ class GRPOTrainer:
         if self.monitor is not None:
             metrics["phase"] = self.monitor.label.phase if self.monitor.label else "warmup"
         if self.evaluator is not None and is_due(self.step, cfg.eval_every, cfg.steps):
-            with sampling_context(self.cfg.rollout.dtype, self.precision.autocast()):
-                metrics.update(self.evaluator(self.sampler, self.step))
+            with self.sampler.context(self.precision.autocast()):
+                metrics.update(self.evaluator(self.sampler.model, self.step))
         metrics.update(self.diagnostics.periodic(self.step))
         if self.logger is not None:
             self.logger.log(self.step, metrics)
@@ -437,8 +436,7 @@ class GRPOTrainer:
         sampling copy (`rollout.dtype`), in that order."""
         if self.sharded:
             fsdp.sync_unsharded_copy(self.model, self.rollout_model)
-        if self.sampler is not self.rollout_model:
-            refresh_sampling_copy(self.rollout_model, self.sampler)
+        self.sampler.refresh()
 
     def _llds_coef(self) -> float:
         """LLDS's coefficient now: the config's, or after a rollback the rollback's (0 = off)."""
