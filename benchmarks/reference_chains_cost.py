@@ -28,7 +28,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from llds.data.loaders import load_examples
-    from llds.demo import TEMPLATE, _rollout_cfg
+    from llds.demo import TEMPLATE, organism_rollout
     from llds.env.prompts import build_prompt_ids
     from llds.models.hf import load_policy
     from llds.probe.reference import ReferenceChains
@@ -39,7 +39,7 @@ def main() -> None:
     model.eval()
     examples = load_examples(args.demo / "world" / "test.jsonl", limit=args.questions)
     retriever = open_retriever(args.demo / "world" / "corpus.jsonl")
-    greedy = dataclasses.replace(_rollout_cfg(), temperature=0.0, group_size=1)
+    greedy = dataclasses.replace(organism_rollout(), temperature=0.0, group_size=1)
     engine = RolloutEngine(model, tok, retriever, greedy)
     prompts = [(build_prompt_ids(tok, ex.question, TEMPLATE), ex) for ex in examples]
     budget = 16384

@@ -72,3 +72,16 @@ def test_warm_start_trains_on_the_world_and_its_relabeled_copies(tmp_path):
     assert report["options"]["early_answer"] == 0.5
     assert 0 < report["data"]["early_answers"] < report["data"]["kept"]
     assert (tmp_path / "sft" / "model" / "config.json").is_file()
+
+
+def test_the_demo_evaluates_with_the_organism_preset_rollout():
+    """The demo's evaluations read the preset's limits (no restated copy to drift)."""
+    from llds.demo import organism_rollout
+    from llds.train.config import load_config
+
+    preset = load_config("organism")
+    got = organism_rollout()
+    assert got.topk == preset.retriever.topk == 2
+    for key in ("max_turns", "max_turn_tokens", "max_obs_tokens", "max_total_tokens"):
+        assert getattr(got, key) == getattr(preset.rollout, key)
+    assert (got.max_turns, got.max_turn_tokens, got.max_total_tokens) == (3, 48, 768)

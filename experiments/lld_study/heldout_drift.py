@@ -70,11 +70,11 @@ class HeldOut:
 
 def greedy_batch(model, tokenizer, held: HeldOut):
     """Greedy trajectories of `model` on the held-out questions, as the study evaluates them."""
-    from llds.demo import TEMPLATE, _rollout_cfg
+    from llds.demo import TEMPLATE, organism_rollout
     from llds.env.prompts import build_prompt_ids
     from llds.rollout import RolloutEngine, RolloutRequest
 
-    greedy = dataclasses.replace(_rollout_cfg(), temperature=0.0, group_size=1)
+    greedy = dataclasses.replace(organism_rollout(), temperature=0.0, group_size=1)
     engine = RolloutEngine(model, tokenizer, held.retriever, greedy)
     reqs = [
         RolloutRequest(build_prompt_ids(tokenizer, ex.question, TEMPLATE), ex.id, ex.id, ex.answers)

@@ -100,17 +100,16 @@ def training_config(run_dir: Path, out: Path, *, llds: bool, steps: int, seed: i
     )
 
 
-def _rollout_cfg():
-    from llds.rollout import RolloutConfig
+def organism_rollout():
+    """The organism preset's rollout limits with its retriever's top-k: what the demo's
+    evaluations (and the studies that evaluate its warm start) sample with. Read from the
+    preset, so that the two cannot drift apart."""
+    import dataclasses
 
-    return RolloutConfig(
-        max_turns=3,
-        max_turn_tokens=48,
-        max_obs_tokens=120,
-        topk=2,
-        max_total_tokens=768,
-        max_rows=64,
-    )
+    from llds.train.config import load_config
+
+    preset = load_config("organism")
+    return dataclasses.replace(preset.rollout, topk=preset.retriever.topk)
 
 
 def warm_start(cfg: DemoConfig, out: Path, console) -> None:
@@ -137,7 +136,7 @@ def evaluate_model(model_dir: Path, out: Path, result_path: Path, n: int) -> Eva
     model, tok = load_policy(model_dir)
     examples = load_examples(out / "world" / "test.jsonl", limit=n)
     retriever = open_retriever(out / "world" / "corpus.jsonl")
-    res = evaluate(model, tok, retriever, examples, _rollout_cfg(), template=TEMPLATE)
+    res = evaluate(model, tok, retriever, examples, organism_rollout(), template=TEMPLATE)
     res.write(result_path)
     return res
 
