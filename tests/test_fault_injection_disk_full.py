@@ -204,7 +204,7 @@ def test_report_on_a_full_disk_names_its_file(inputs, disk, tmp_path, capsys) ->
     assert not out.exists()  # the directory it made, empty, is gone
 
 
-@pytest.mark.parametrize("command", ["world", "report", "index"])
+@pytest.mark.parametrize("command", ["world", "report", "index", "eval"])
 def test_an_output_on_a_read_only_disk_is_refused_before_any_work(
     inputs, disk, capsys, command
 ) -> None:
@@ -216,6 +216,12 @@ def test_an_output_on_a_read_only_disk_is_refused_before_any_work(
         "world": ["world", "--out", str(out)],
         "report": ["report", str(inputs), "--out", str(out)],
         "index": ["index", f"corpus={inputs / 'world' / 'corpus.jsonl'}", "--out", str(out)],
+        "eval": [
+            "eval",
+            *("--model", str(inputs / "model"), "--data", str(inputs / "world" / "test.jsonl")),
+            *("--retriever", str(inputs / "world" / "corpus.jsonl")),
+            *("--out", str(out / "eval.json")),
+        ],
     }[command]
     rc = main(args)
     captured = capsys.readouterr()

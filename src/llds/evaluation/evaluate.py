@@ -198,6 +198,10 @@ def run_evaluation(cfg: EvalConfig, protocol: Protocol | None = None) -> EvalRes
 
     if cfg.out and Path(cfg.out).is_dir():
         raise ConfigError(f"out: {cfg.out} is a directory; give the path of a results .json file")
+    if cfg.out:  # the results' directory must take a file, before any model loads
+        from llds.io import check_directory_target
+
+        check_directory_target("out", Path(cfg.out).absolute().parent)
     proto = protocol or cfg.protocol.resolve(cfg.model)[0]
     retriever = open_answering_retriever(cfg.retriever)  # before the model: a dead URL fails fast
     examples = load_many(cfg.data, limit=cfg.limit)
