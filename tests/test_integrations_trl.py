@@ -430,6 +430,9 @@ def test_llds_settings_are_validated_and_named_like_trl_arguments(tmp_path):
         LLDSGRPOConfig(**cpu, llds_coef=-1.0)
     off = LLDSGRPOConfig(**cpu, llds_enabled=False)
     assert off.llds.active_coef == 0.0
+    # the native trainer's scope=batch needs the whole rollout batch in each loss: refused here
+    with pytest.raises(ConfigError, match=r"^llds_scope: 'batch' needs the rest"):
+        LLDSGRPOConfig(**cpu, llds_scope="batch")
 
 
 def test_generation_metrics_by_hand():

@@ -496,3 +496,12 @@ def test_real_verl_bypass_mode_is_refused_without_the_yaml_wiring():
     assert cfg.actor_rollout_ref.actor.policy_loss.loss_mode == "bypass_mode"
     with pytest.raises(Exception, match=r"algorithm\.rollout_correction\.bypass_mode=true"):
         omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+
+
+def test_llds_scope_batch_is_refused_in_verl():
+    """veRL's loss sees one micro-batch at a time: the native trainer's scope=batch is refused
+    by its veRL key."""
+    from llds.algo.config import from_engine
+
+    with pytest.raises(ConfigError, match=r"^policy_loss\.llds_scope: 'batch' needs the rest"):
+        from_engine({"llds_scope": "batch"}, where="policy_loss.")

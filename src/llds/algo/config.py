@@ -181,10 +181,16 @@ def from_engine(
         if value is not None or (f.name == "answer_weight" and _has(values, key)):
             given[f.name] = value
     try:
-        return LLDSConfig(**given)
+        settings = LLDSConfig(**given)
     except ConfigError as exc:  # "algo.llds.gate: ..." -> "<where>llds_gate: ..."
         text = str(exc).removeprefix(getattr(LLDSConfig, SECTION_KEY) + ".")
         raise ConfigError(f"{where}{prefix}{text}") from None
+    if settings.scope != "minibatch":  # the adapters' losses see one mini-batch at a time
+        raise ConfigError(
+            f"{where}{prefix}scope: {settings.scope!r} needs the rest of the rollout batch in "
+            "each mini-batch's loss, which only the native trainer has; use 'minibatch'"
+        )
+    return settings
 
 
 def _has(values: Any, key: str) -> bool:
