@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from llds.report import theorem_study as tables
+from llds.studies import theorem_study as tables
 
 STUDY = Path(__file__).resolve().parents[1] / "experiments" / "theorem_world"
 
@@ -192,7 +192,7 @@ def _batch_of(groups: list[list[int]]) -> Any:
 
 
 def test_smollm2_probe_counts_high_accuracy_mixed_groups_and_stops_on_enough() -> None:
-    from llds.report import warm_start as probe
+    from llds.studies import warm_start as probe
 
     # 3 of 4 right counts; 2 of 4 (half) is low; 4 of 4 and 0 of 4 are not mixed
     first = _batch_of([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]])
@@ -207,7 +207,7 @@ def test_smollm2_probe_counts_high_accuracy_mixed_groups_and_stops_on_enough() -
 
 
 def test_search_decline_table_reads_a_run_log_by_hand(tmp_path: Path) -> None:
-    from llds.report import search_decline_table as search_decline
+    from llds.studies import search_decline_table as search_decline
 
     # reward 0.6 until step 60, then 0.2: the 10-step median is 0.4 at step 65 (five of each)
     # and 0.2 from step 66, so the collapse is at 66. Searches 1.6 per rollout until step 40,

@@ -38,6 +38,7 @@ LAYERS = {
     "train": 8,
     "report": 9,
     "integrations": 9,
+    "studies": 10,
     "demo": 10,
     "commands": 11,
     "cli": 12,

@@ -7,7 +7,7 @@ reward's fall from its peak, ...), a causal rolling median over the last `window
 alarm that fires the first time it crosses a threshold. Every threshold is tried on all runs at
 once, so the best row per signal is what that signal could do at most on these runs: if no
 threshold meets the goal here, no alarm on that signal can meet it out of sample either
-(`llds.report.alarm_ceiling`).
+(`llds.studies.alarm_ceiling`).
 
 The goal is the LLD study's: a median lead of at least 20 steps over the runs with an event, and
 no alarm in a run without one. A run's event is the earlier of its collapse (the study's
@@ -25,7 +25,8 @@ import argparse
 import json
 from pathlib import Path
 
-from llds.report.alarm_ceiling import (
+from llds.report.study_logs import arm_dir_name, read_committed_metrics
+from llds.studies.alarm_ceiling import (
     GOAL_LEAD,
     SIGNALS,
     Run,
@@ -35,7 +36,6 @@ from llds.report.alarm_ceiling import (
     rule,
     sweep,
 )
-from llds.report.study_logs import arm_dir_name, read_committed_metrics
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ORGANISM_START_EM = 0.558

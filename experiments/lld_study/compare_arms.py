@@ -18,7 +18,7 @@ import argparse
 import json
 from pathlib import Path
 
-from llds.report.arm_table import arm_rows, figure, markdown
+from llds.studies.arm_table import arm_rows, figure, markdown
 
 
 def main() -> None:

@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _common import config_data, print_dry_run
 from llds.report.study_logs import last_step
-from llds.report.study_tables import continued_table
+from llds.studies.study_tables import continued_table
 
 HERE = Path(__file__).resolve().parent
 ARM_FILES = {"GRPO": "grpo.yaml", "GRPO_LLDS": "grpo-llds.yaml"}

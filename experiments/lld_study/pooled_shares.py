@@ -29,8 +29,8 @@ from pathlib import Path
 
 from llds import metrics as keys
 from llds.report.collapse import LLD_WINDOW, SMOOTH, collapse_step, deepest_dip, median_window
-from llds.report.pooled import ShareSummary, median_over_seeds, summarize
 from llds.report.study_logs import COMMITTED_LOG, read_committed_metrics, run_logs, world_and_arm
+from llds.studies.pooled import ShareSummary, median_over_seeds, summarize
 
 HERE = Path(__file__).resolve().parent
 STUDIES = {

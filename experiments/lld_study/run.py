@@ -34,10 +34,10 @@ from _common import config_data, print_dry_run
 from llds import metrics as keys
 from llds.report.collapse import SMOOTH, median_window
 from llds.report.eval_shares import EVAL_SHARES
-from llds.report.machine import machine
-from llds.report.study_summary import summarize_run
-from llds.report.study_tables import dip_table, probe_cells, share_table, table, variant_table
 from llds.runs.eval_result import EvalResult, eval_file
+from llds.studies.machine import machine
+from llds.studies.study_summary import summarize_run
+from llds.studies.study_tables import dip_table, probe_cells, share_table, table, variant_table
 from study import (
     ARMS,
     COLORS,

@@ -16,7 +16,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from llds.report.strength_study import DOSE_ARMS
+from llds.studies.strength_study import DOSE_ARMS
 
 HERE = Path(__file__).resolve().parent
 DOCS = HERE.parents[1] / "docs" / "results"

@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _common import config_data, print_dry_run, run_unfinished
-from llds.report.strength_study import ARMS, SEEDS, WARM_EM
+from llds.studies.strength_study import ARMS, SEEDS, WARM_EM
 from llds.train.config import load_config
 
 HERE = Path(__file__).resolve().parent

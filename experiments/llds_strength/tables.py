@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 
 from llds.io import write_json
-from llds.report.strength_study import load_logs, study_summary
+from llds.studies.strength_study import load_logs, study_summary
 
 HERE = Path(__file__).resolve().parent
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from llds.report.machine import machine
+from llds.studies.machine import machine
 from llds.train.config import load_config
 from llds.train.trainer import GRPOTrainer
 

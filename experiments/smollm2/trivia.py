@@ -27,12 +27,12 @@ import torch
 from llds.data.loaders import load_trivia_lists
 from llds.evaluation.evaluate import evaluate
 from llds.models import load_smollm2
-from llds.report.machine import machine
 from llds.retrieval.factory import build_retriever, corpus_passages
 from llds.rollout import RolloutConfig
 from llds.runs.eval_result import EvalResult
 from llds.sft.data import build_expert_episodes
 from llds.sft.trainer import sft_train
+from llds.studies.machine import machine
 
 
 def main() -> None:

@@ -23,8 +23,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from llds.report.search_decline_table import judge, table
 from llds.report.study_logs import COMMITTED_LOG
+from llds.studies.search_decline_table import judge, table
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,7 +9,7 @@ responses that gradient descent on their own group drags down? The script
 2. fine-tunes SmolLM2-135M-Instruct on the expert trajectories (`sft-theorem`'s thinking text,
    loss on actions) in segments of `--check-every` steps, sampling `--check-questions` training
    questions x 8 at T = 1 after each; it stops at the first check with sampled accuracy >= 0.5
-   and entropy >= 0.3 nats per model token (`llds.report.warm_start`), at `--max-sft-steps`,
+   and entropy >= 0.3 nats per model token (`llds.studies.warm_start`), at `--max-sft-steps`,
    or when `--budget-s` says the rest of the time belongs to the probe;
 3. samples groups of `--group-size` on the training questions in order, 8 questions at a time,
    until `--high-groups` groups with more than half and less than all of their responses
@@ -41,18 +41,18 @@ import torch
 
 from llds.data.world import WorldConfig, generate_world, write_world
 from llds.io import write_json
-from llds.report.warm_start import (
-    markdown_table,
-    measure_batches,
-    sample_groups,
-    until_enough,
-)
 from llds.retrieval.factory import build_retriever
 from llds.rollout import RolloutBatch
 from llds.sft import tiny_model_and_tokenizer
 from llds.sft.config import load_sft_config
 from llds.sft.data import build_expert_episodes
 from llds.sft.trainer import sft_train
+from llds.studies.warm_start import (
+    markdown_table,
+    measure_batches,
+    sample_groups,
+    until_enough,
+)
 from warm_start import rollout_config
 
 

@@ -4,7 +4,7 @@ Makes the `world-theorem` world, trains the `sft-theorem` warm start (loss on ac
 text from the paraphrase bank) in segments of `--check-every` steps, and after each segment
 samples groups of training questions at the sampling temperature. It stops at the first
 checkpoint whose sampled accuracy is at least 0.5 and whose entropy is at least 0.3 nats per
-model token (`llds.report.warm_start`), measures that model in full (probe included) and writes
+model token (`llds.studies.warm_start`), measures that model in full (probe included) and writes
 `report.json` and `warm_start.md` to `--results`; the model goes to `--work`/model.
 
 Each segment is its own `sft_train` call (a fresh AdamW, warm-up then cosine decay over the
@@ -28,13 +28,13 @@ import torch
 from llds.data.world import WorldConfig, generate_world, write_world
 from llds.io import write_json
 from llds.models.tiny import save_tiny
-from llds.report.warm_start import markdown_table, measure_warm_start
 from llds.retrieval.factory import build_retriever
 from llds.rollout import RolloutConfig
 from llds.sft import tiny_model_and_tokenizer
 from llds.sft.config import load_sft_config
 from llds.sft.data import build_expert_episodes, think_entropy
 from llds.sft.trainer import sft_train
+from llds.studies.warm_start import markdown_table, measure_warm_start
 
 HERE = Path(__file__).resolve().parent
 

@@ -18,7 +18,7 @@ from llds import metrics as keys
 from llds.monitor.alarms import scan_alarms
 from llds.monitor.searches import SEARCHES_KEY
 from llds.report.collapse import collapse_step
-from llds.report.pooled import median_over_seeds, step_counts
+from llds.studies.pooled import median_over_seeds, step_counts
 
 Rows = Sequence[Mapping[str, Any]]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from llds.probe.one_step import ProbeResult
-from llds.report.probe_compare import compare_probes, paired, plot_pairs, sign_test
+from llds.studies.probe_compare import compare_probes, paired, plot_pairs, sign_test
 
 
 def _result(qid: str, disp: float, fell: float) -> ProbeResult:

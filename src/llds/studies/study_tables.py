@@ -16,7 +16,7 @@ from llds import metrics as keys
 from llds.monitor.alarms import scan_alarms
 from llds.report.collapse import LLD_WINDOW, collapse_step, first_fall_and_recovery
 from llds.report.study_logs import run_rows
-from llds.report.study_summary import (
+from llds.studies.study_summary import (
     DIP_KEYS,
     SEARCH_TAIL,
     SEARCH_WINDOW,

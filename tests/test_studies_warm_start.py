@@ -11,7 +11,8 @@ import torch
 
 from conftest import make_tiny_model, tag_happy
 from llds.probe.one_step import first_order_displacement, probe_objective
-from llds.report.warm_start import (
+from llds.rollout import RolloutConfig
+from llds.studies.warm_start import (
     MIN_ACCURACY,
     MIN_ENTROPY,
     WarmStartReport,
@@ -19,7 +20,6 @@ from llds.report.warm_start import (
     measure_batches,
     sample_groups,
 )
-from llds.rollout import RolloutConfig
 
 TEMPLATE = "Question: {question}\n"
 T = 0.8

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from llds.report.pooled import (
+from llds.studies.pooled import (
     median_over_seeds,
     pooled_share,
     probe_fell,

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from llds import metrics as keys
-from llds.report.pooled import step_counts
-from llds.report.theorem_study import seed_spread
+from llds.studies.pooled import step_counts
+from llds.studies.theorem_study import seed_spread
 
 Rows = Sequence[Mapping[str, Any]]
 
