@@ -205,25 +205,6 @@ def test_sft_steps_and_epochs_replace_each_other(tmp_path, capsys) -> None:
     assert rc == 2 and "command line: steps: give steps or epochs, not both" in err
 
 
-def test_print_config_shows_required_keys_not_set_yet(capsys) -> None:
-    """`--print-config` prints what it has, as its help says; the required keys still to set
-    are marked (the config still runs nothing and refuses nothing it can print)."""
-    rc, out, err = run(["train", "--print-config", "steps=3"], capsys)
-    assert rc == 0, err
-    assert "steps: 3" in out.splitlines()
-    absent = [line for line in out.splitlines() if line.startswith("# not set yet: ")]
-    assert [line.split(":")[1].strip() for line in absent] == [
-        "model.path",
-        "data.train",
-        "retriever.source",
-    ]
-    # once set, nothing is marked; and a run without them is still refused by name
-    rc, out, _ = run(["train", "--config", "organism", "--print-config"], capsys)
-    assert rc == 0 and "# not set yet" not in out
-    rc, out, err = run(["train", "steps=3"], capsys)
-    assert rc == 2 and err.startswith("llds train: error: model.path: required")
-
-
 @pytest.mark.parametrize(
     ("override", "why"),
     [

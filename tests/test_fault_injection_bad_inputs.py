@@ -266,3 +266,42 @@ def test_train_at_a_dead_retriever_url(inputs, previous_run, capsys, no_model_lo
     assert time.monotonic() - start < 30
     assert "retrying" not in out.lower()
     assert_untouched(previous_run)
+
+
+def _run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    rc = main(args)
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_print_config_shows_required_keys_not_set_yet(capsys) -> None:
+    """`--print-config` prints what it has, as its help says; the required keys still to set
+    are marked (the config still runs nothing and refuses nothing it can print)."""
+    rc, out, err = _run(["train", "--print-config", "steps=3"], capsys)
+    assert rc == 0, err
+    assert "steps: 3" in out.splitlines()
+    absent = [line for line in out.splitlines() if line.startswith("# not set yet: ")]
+    assert [line.split(":")[1].strip() for line in absent] == [
+        "model.path",
+        "data.train",
+        "retriever.source",
+    ]
+    # once set, nothing is marked; and a run without them is still refused by name
+    rc, out, _ = _run(["train", "--config", "organism", "--print-config"], capsys)
+    assert rc == 0 and "# not set yet" not in out
+    rc, out, err = _run(["train", "steps=3"], capsys)
+    assert rc == 2 and err.startswith("llds train: error: model.path: required")
+
+
+def test_a_preset_hint_only_for_the_inputs_its_command_makes(tmp_path, capsys, monkeypatch):
+    """Through the CLI: the organism preset's own missing world names the command that makes
+    it; a user's own missing file (the same preset, `data.train` overridden) gets no hint."""
+    monkeypatch.chdir(tmp_path)
+    rc, out, err = _run(["train", "--config", "organism"], capsys)
+    assert rc == 2 and out == ""
+    assert err.strip().endswith("make it with `llds demo --skip-train --out runs/demo`")
+    rc, out, err = _run(["train", "--config", "organism", "data.train=mine.jsonl"], capsys)
+    assert rc == 2 and err.strip() == (
+        "llds train: error: data.train: mine.jsonl does not exist (paths are relative to the "
+        "working directory)"
+    )

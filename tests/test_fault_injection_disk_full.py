@@ -23,7 +23,7 @@ import pytest
 from conftest import write_run_inputs
 from llds.cli import main
 from llds.runs.tracking import read_metrics
-from llds.train.checkpoint import OPTIM
+from llds.train.checkpoint import MANIFEST, OPTIM
 
 DISK_BYTES = 24 << 20
 PAGE = 4096
@@ -230,3 +230,63 @@ def test_an_output_on_a_read_only_disk_is_refused_before_any_work(
     why = f"not writable ({disk} is not); give a directory you can write"
     assert output.strip() == f"llds {command}: error: out={out}: {why}"
     assert not out.exists()
+
+
+def _pages(path: Path) -> int:
+    return -(-path.stat().st_size // PAGE)
+
+
+def test_a_full_disk_at_the_checkpoint_manifest(inputs, disk, capsys) -> None:
+    """The disk runs out at the last file a checkpoint writes, its manifest. The free space is
+    set from step 1's checkpoint, file by file in whole pages (tmpfs allocates pages), less the
+    manifest's; since a step's row and files may round to a page more or less, a few amounts
+    around that are tried, each with the same invariants, and one of them must end at the
+    manifest."""
+    run = disk / "run"
+    assert train(inputs, run, 1, capsys)[0] == 0
+    ckpt = run / "checkpoints" / "step_000001"
+    files = [p for p in ckpt.rglob("*") if p.is_file() and p.name != MANIFEST]
+    need = sum(_pages(p) for p in files) + 2 * _pages(run / "metrics.jsonl") + 2
+    named = []
+    for extra in range(-2, 4):
+        before = snapshot(run)
+        filler = leave_free(disk, (need + extra) * PAGE)
+        rc, out = train(inputs, run, 2, capsys)
+        filler.unlink()
+        if rc == 0:  # it fitted: take step 2 back out and try one page less
+            named.append("fits")
+            break
+        line = one_line(rc, out)
+        named.append(line)
+        for name, data in before.items():
+            if name != "metrics.jsonl":
+                assert snapshot(run)[name] == data, name
+        assert leftovers(disk) == []
+    assert any(f"{MANIFEST})" in line for line in named), named
+    assert train(inputs, run, 2, capsys)[0] in (0,)  # and it resumes once space is back
+
+
+def test_a_full_disk_at_the_periodic_evaluation(inputs, disk, capsys) -> None:
+    """The disk fills the moment the run has started (its log rewritten), with an evaluation
+    due at the next step: the evaluation's file is the first write that needs a page."""
+    run = disk / "run"
+    assert train(inputs, run, 1, capsys)[0] == 0
+    before = snapshot(run)
+    watcher = fill_once_rewritten(disk, run / "metrics.jsonl")
+    args = ["train", "--config", str(inputs / "cfg.yaml"), f"run_dir={run}", "steps=2"]
+    args += ["eval_every=1", f"data.eval={inputs / 'world' / 'test.jsonl'}"]
+    rc = main([*args, "--allow-config-change", "all"])
+    out = capsys.readouterr()
+    watcher.join()
+    line = one_line(rc, out.out + out.err)
+    assert f"{run}/eval/step_000002.json could not be written" in line, line
+    for name, data in before.items():
+        if name == "metrics.jsonl":
+            assert snapshot(run)[name].startswith(data)
+        else:
+            assert snapshot(run)[name] == data, name
+    assert leftovers(disk) == []
+    (disk / "filler").unlink()
+    rc = main([*args, "--allow-config-change", "all"])
+    capsys.readouterr()
+    assert rc == 0 and (run / "eval" / "step_000002.json").is_file()
