@@ -221,7 +221,7 @@ def test_auto_recomputes_old_log_probs_for_noisy_llds_or_low_precision(
 ):
     """`auto` takes pi_old from the rollout unless its rounding could matter: LLDS evaluated on
     the first optimizer step (the authors' behaviour) or a low-precision compute dtype."""
-    from llds.train.policy_update import old_logprobs_from_rollout
+    from llds.train.step_logprobs import old_logprobs_from_rollout
 
     tr = _trainer(tmp_path, small_world, world_tokenizer, world_retriever)
     known = SimpleNamespace(rollout_logprobs=torch.zeros(1, 1), rollout_entropy=torch.zeros(1, 1))

@@ -21,6 +21,7 @@ import torch
 
 from llds.algo.lr_schedule import lr_factor
 from llds.algo.objective import active_terms
+from llds.config.loader import to_dict
 from llds.data.example import QAExample
 from llds.env.prompts import PromptTemplate
 from llds.env.protocol import Protocol
@@ -33,9 +34,11 @@ from llds.policy.sampling_copy import Sampler, sampler_for
 from llds.policy.setup import frozen_copy, load_model
 from llds.retrieval.base import Retriever
 from llds.rollout import RolloutConfig, RolloutEngine
+from llds.runs.tracking import MetricsLogger
 from llds.train import fsdp
 from llds.train.checkpoint import find_resumable
 from llds.train.config import TrainConfig
+from llds.train.diagnostics import Diagnostics
 from llds.train.distributed import Dist
 from llds.train.resume import checked_config_changes, parse_allowances, warn_if_float_env_changed
 
@@ -326,3 +329,32 @@ def fusable(params: Sequence[torch.nn.Parameter]) -> bool:
     instead of a handful of elementwise ops (the default per-tensor loop is several times slower
     on CPU)."""
     return all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
+
+
+def diagnostics(cfg: TrainConfig, dist: Dist, trainer: Any) -> Diagnostics:
+    """The run's measurements, on the trainer's models, engine and probe set."""
+    return Diagnostics(
+        cfg,
+        dist,
+        model=trainer.model,
+        rollout_model=trainer.rollout_model,
+        precision=trainer.precision,
+        tokenizer=trainer.tokenizer,
+        retriever=trainer.retriever,
+        engine=trainer.engine,
+        template=trainer.template,
+        probe_set=trainer.probe_set,
+        prompt_ids=trainer._prompt_ids,
+    )
+
+
+def metrics_logger(cfg: TrainConfig, run_dir: Path, step: int) -> MetricsLogger:
+    """The run's metrics log (and TensorBoard / W&B), cut back to `step` on a resume."""
+    return MetricsLogger(
+        run_dir,
+        tensorboard=cfg.logging.tensorboard,
+        wandb=cfg.logging.wandb,
+        wandb_project=cfg.logging.wandb_project,
+        resume_step=step,
+        config=to_dict(cfg),
+    )

@@ -83,33 +83,6 @@ def step_loss_mask(batch: RolloutBatch, filter_void: bool) -> tuple[torch.Tensor
     return batch.loss_mask * keep.to(batch.loss_mask.dtype).unsqueeze(-1), share
 
 
-def old_logprobs_from_rollout(
-    algo: AlgoConfig,
-    batch: RolloutBatch,
-    *,
-    sampled_by_copy: bool,
-    llds_coef: float,
-    mixed_precision: bool,
-) -> bool:
-    """Take pi_old from the rollout (saving a forward pass over the whole batch) when the
-    config allows it and the engine recorded them; see `AlgoConfig.old_logprobs`."""
-    if (
-        algo.old_logprobs == "recompute"
-        or batch.rollout_logprobs is None
-        or batch.rollout_entropy is None
-    ):
-        return False
-    if algo.old_logprobs == "rollout":
-        return True
-    if sampled_by_copy:  # sampled by a copy, not by the policy's own forward
-        return False
-    # auto: float32 sampling logits equal the training forward's to rounding; LLDS's first
-    # step is exactly 0 whatever pi_old's rounding. The authors' first-step LLDS acts on that
-    # rounding, so it gets their recomputed pi_old (read per step: rollback turns LLDS on).
-    noisy_llds = llds_coef > 0 and algo.llds.first_update == "computed"
-    return not noisy_llds and not mixed_precision
-
-
 def step_is_weights(
     cfg: TrainConfig, batch: RolloutBatch, old_logp: torch.Tensor, loss_mask: torch.Tensor
 ) -> tuple[torch.Tensor | None, dict[str, float]]:

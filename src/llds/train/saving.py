@@ -86,3 +86,15 @@ def save_run_checkpoint(
         path = publish_checkpoint(ckpt_root, step, tmp, keep)
     dist.barrier()
     return path
+
+
+def load_run_state(ckpt: Path, blobs: dict[str, Any], run: RunState, *, sharded: bool) -> None:
+    """The optimizer, schedule and loss scale of checkpoint `ckpt` into `run`; under FSDP its
+    shards (the weights and the Adam state together)."""
+    if sharded:
+        fsdp.load_sharded(ckpt / SHARDED, run.model, run.optimizer)
+    else:
+        run.optimizer.load_state_dict(blobs["optimizer"])
+    run.scheduler.load_state_dict(blobs["scheduler"])
+    if run.scaler is not None and "grad_scaler" in blobs:
+        run.scaler.load_state_dict(blobs["grad_scaler"])

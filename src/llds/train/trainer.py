@@ -28,7 +28,6 @@ from llds.evaluation.periodic import is_due
 from llds.monitor.alarms import Alarm
 from llds.monitor.rollout_metrics import rollout_metrics
 from llds.policy.float_env import float_environment
-from llds.policy.forward import batched_log_probs
 from llds.policy.setup import load_model
 from llds.retrieval.client import RetrievalServiceError
 from llds.rollout import RolloutBatch, RolloutRequest
@@ -36,9 +35,9 @@ from llds.runs.tracking import MetricsLogger, read_metrics
 from llds.train import build, fsdp
 from llds.train.checkpoint import load_training_state, set_rng_state
 from llds.train.config import TrainConfig
-from llds.train.diagnostics import Diagnostics
 from llds.train.distributed import Dist
-from llds.train.policy_update import PolicyUpdate, old_logprobs_from_rollout
+from llds.train.outage import generate_on_every_rank, retriever_gone_message
+from llds.train.policy_update import PolicyUpdate
 from llds.train.progress import PhaseTimes, StepProgress
 from llds.train.prompts import PromptStream
 from llds.train.resume import FLOAT_ENV_KEY, apply_optimizer_changes, prepare_run_dir
@@ -50,7 +49,8 @@ from llds.train.rollback import (
     rollback_coef,
     rollback_target,
 )
-from llds.train.saving import SHARDED, RunState, save_run_checkpoint
+from llds.train.saving import RunState, load_run_state, save_run_checkpoint
+from llds.train.step_logprobs import old_logprobs, reference_logprobs
 
 __all__ = ["CollapseAlarmStop", "GRPOTrainer", "rollout_seed"]
 
@@ -132,19 +132,7 @@ class GRPOTrainer:
         )
         self.step = 0 if start.checkpoint is None else self._restore(start)
         prepare_run_dir(self.run_dir, start.checkpoint, self.damaged, resume=resume, dist=self.dist)
-        self.diagnostics = Diagnostics(
-            cfg,
-            self.dist,
-            model=self.model,
-            rollout_model=self.rollout_model,
-            precision=self.precision,
-            tokenizer=self.tokenizer,
-            retriever=self.retriever,
-            engine=self.engine,
-            template=self.template,
-            probe_set=self.probe_set,
-            prompt_ids=self._prompt_ids,
-        )
+        self.diagnostics = build.diagnostics(cfg, self.dist, self)
         self.reference = self.diagnostics.load_reference(
             self.run_dir,
             self.step,
@@ -161,24 +149,13 @@ class GRPOTrainer:
         optimizer, schedule, loss scale, random streams and guard counters; returns its step."""
         assert start.checkpoint is not None
         state, blobs = load_training_state(start.checkpoint)
-        self._load_optimizer_state(start.checkpoint, blobs)
+        load_run_state(start.checkpoint, blobs, self._run_state(), sharded=self.sharded)
         set_rng_state(blobs["rng"])
         apply_optimizer_changes(self.optimizer, self.scheduler, self.cfg, start.changed)
         self.updater.nonfinite_in_a_row = int(state.get("nonfinite_in_a_row", 0))
         self.updater.skipped_updates = int(state.get("skipped_updates", 0))
         log.info("resumed from %s at step %d", start.checkpoint, int(state["step"]))
         return int(state["step"])
-
-    def _load_optimizer_state(self, ckpt: Path, blobs: dict[str, Any]) -> None:
-        """The optimizer, schedule and loss scale of checkpoint `ckpt`; under FSDP its shards
-        (the weights and the Adam state together)."""
-        if self.sharded:
-            fsdp.load_sharded(ckpt / SHARDED, self.model, self.optimizer)
-        else:
-            self.optimizer.load_state_dict(blobs["optimizer"])
-        self.scheduler.load_state_dict(blobs["scheduler"])
-        if self.scaler is not None and "grad_scaler" in blobs:
-            self.scaler.load_state_dict(blobs["grad_scaler"])
 
     # ------------------------------------------------------------------ loop
     def train(
@@ -191,14 +168,7 @@ class GRPOTrainer:
         if self.logger is not None:
             self.logger.close()
         if self.dist.is_main:
-            self.logger = MetricsLogger(
-                self.run_dir,
-                tensorboard=cfg.logging.tensorboard,
-                wandb=cfg.logging.wandb,
-                wandb_project=cfg.logging.wandb_project,
-                resume_step=self.step,
-                config=to_dict(cfg),
-            )
+            self.logger = build.metrics_logger(cfg, self.run_dir, self.step)
         rows: list[dict[str, Any]] = []
         try:
             with StepProgress(target, self.step, enabled=show) as progress:
@@ -209,39 +179,20 @@ class GRPOTrainer:
         except RetrievalServiceError as exc:
             if exc.status is not None:  # the service answered: a bad request, not an outage
                 raise
-            raise ServiceUnavailableError(self._retriever_gone_message()) from None
+            saved = [r["step"] for r in read_metrics(self.run_dir)] if self.dist.is_main else []
+            raise ServiceUnavailableError(
+                retriever_gone_message(
+                    getattr(self.retriever, "url", cfg.retriever.source),
+                    cfg.retriever.retry_seconds,
+                    self.step + 1,
+                    saved[-1] if saved else 0,
+                    self.ckpt_root,
+                )
+            ) from None
         finally:
             if self.logger is not None:
                 self.logger.close()
         return rows
-
-    def _retriever_gone_message(self) -> str:
-        """The one line a run stopped by an unreachable retriever ends with: which URL, where
-        the run stands, and that the same command resumes it."""
-        url = getattr(self.retriever, "url", self.cfg.retriever.source)
-        saved = [r["step"] for r in read_metrics(self.run_dir)] if self.dist.is_main else []
-        return (
-            f"retriever {url} did not answer for retriever.retry_seconds="
-            f"{self.cfg.retriever.retry_seconds:g}s during step {self.step + 1}; the run stopped "
-            f"(metrics.jsonl up to step {saved[-1] if saved else 0}, checkpoints in "
-            f"{self.ckpt_root}); once the retriever is back, resume with the same command"
-        )
-
-    def _generate_on_every_rank(self, requests: list[RolloutRequest]) -> RolloutBatch:
-        """This rank's rollouts; when the retriever stopped answering on any rank, every rank
-        raises here, before the update's collectives: otherwise the others would go on into them
-        with a rank that left and fail there with a transport error (or wait, by backend)."""
-        failure: RetrievalServiceError | None = None
-        try:
-            with self.sampler.context(self.precision.autocast()):
-                batch = self.engine.generate(requests)
-        except RetrievalServiceError as exc:
-            if exc.status is not None or not self.dist.enabled:
-                raise  # the service answered (a bad request), or there is no one to tell
-            failure = exc
-        if self.dist.enabled and float(self.dist.sum(float(failure is not None))) > 0:
-            raise failure or RetrievalServiceError(None, "the retriever failed on another rank")
-        return batch
 
     def step_requests(self, k: int) -> list[RolloutRequest]:
         """The rollout requests of step `k` on this rank: its questions, in whole groups. Every
@@ -267,12 +218,20 @@ class GRPOTrainer:
         and the checkpoint. Returns the step's metric row."""
         cfg, k, times = self.cfg, self.step, PhaseTimes()
         with times("rollout"):
-            batch = self._generate_on_every_rank(self.step_requests(k))
+            context = self.sampler.context(self.precision.autocast())
+            batch = generate_on_every_rank(self.engine, self.step_requests(k), self.dist, context)
         adv = group_advantages(batch.rewards, batch.group_ids, normalize_std=cfg.algo.normalize_std)
         with times("old_logprob"):
-            from_rollout, old_logp, entropy = self._old_logprobs(batch)
+            from_rollout, old_logp, entropy = old_logprobs(
+                cfg,
+                batch,
+                self.rollout_model,
+                self.precision,
+                sampled_by_copy=self.sampler.is_copy,
+                llds_coef=self._llds_coef(),
+            )
         with times("ref_logprob"):
-            ref_logp = self._ref_logprobs(batch)
+            ref_logp = reference_logprobs(cfg, batch, self.ref_model, self.precision)
         with times("update"):
             update_stats = self._update(batch, adv, old_logp, ref_logp, k)
         self.scheduler.step()
@@ -296,41 +255,6 @@ class GRPOTrainer:
         metrics = self.dist.reduce_metrics(metrics, weight=len(batch))
         self.step += 1
         return self._after_step(metrics)
-
-    def _old_logprobs(self, batch: RolloutBatch):
-        """`(taken from the rollout, pi_old's log-probs, their entropies)`: the rollout's own
-        when `old_logprobs_from_rollout` allows it, else one no-grad forward."""
-        if old_logprobs_from_rollout(
-            self.cfg.algo,
-            batch,
-            sampled_by_copy=self.sampler.is_copy,
-            llds_coef=self._llds_coef(),
-            mixed_precision=self.precision.mixed,
-        ):
-            return True, batch.rollout_logprobs, batch.rollout_entropy
-        self.rollout_model.eval()
-        with self.precision.autocast():
-            old_logp, entropy = batched_log_probs(
-                self.rollout_model,
-                batch,
-                self.cfg.optim.micro_batch_tokens,
-                temperature=self.cfg.rollout.temperature,
-                with_entropy=True,
-            )
-        return False, old_logp, entropy
-
-    def _ref_logprobs(self, batch: RolloutBatch) -> torch.Tensor | None:
-        """The reference model's log-probs (KL), None without one."""
-        if self.ref_model is None:
-            return None
-        with self.precision.autocast():
-            ref_logp, _ = batched_log_probs(
-                self.ref_model,
-                batch,
-                self.cfg.optim.micro_batch_tokens,
-                temperature=self.cfg.rollout.temperature,
-            )
-        return ref_logp
 
     def _update(self, batch: RolloutBatch, adv, old_logp, ref_logp, k: int) -> dict[str, float]:
         """The step's optimizer updates, then the copies refreshed from the new weights."""
@@ -401,7 +325,7 @@ class GRPOTrainer:
             model, _ = load_model(self.cfg.model, path=str(target / "model"), dtype="float32")
             self.model.load_state_dict(model.state_dict())
             del model
-        self._load_optimizer_state(target, blobs)
+        load_run_state(target, blobs, self._run_state(), sharded=self.sharded)
         self._sync_copies()
         self.step = int(state["step"])
         self.rollback_llds_coef = rollback_coef(self.cfg)
@@ -445,6 +369,9 @@ class GRPOTrainer:
         lc = self.cfg.algo.llds
         return lc.coef if lc.enabled else 0.0
 
+    def _run_state(self) -> RunState:
+        return RunState(self.model, self.tokenizer, self.optimizer, self.scheduler, self.scaler)
+
     def save(self) -> Path | None:
         """Write the step's checkpoint atomically (`llds.train.saving`); every rank waits until
         it is complete."""
@@ -458,7 +385,7 @@ class GRPOTrainer:
         return save_run_checkpoint(
             self.ckpt_root,
             self.step,
-            RunState(self.model, self.tokenizer, self.optimizer, self.scheduler, self.scaler),
+            self._run_state(),
             state,
             keep=self.cfg.keep_checkpoints,
             protocol=self.protocol,
