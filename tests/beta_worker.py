@@ -8,13 +8,15 @@ import json
 import sys
 from types import SimpleNamespace
 
+from llds.algo import LLDSConfig
 from llds.train.distributed import Dist, close_process_group
-from llds.train.policy_update import global_answer_weight
+from llds.train.global_batch import global_mean_searches
 
 dist = Dist()
 searches = 4 if dist.rank == 0 else 0
-episodes = [SimpleNamespace(num_valid_searches=searches) for _ in range(3)]
-beta = global_answer_weight(episodes, dist, baseline=2.0)
+batch = SimpleNamespace(episodes=[SimpleNamespace(num_valid_searches=searches) for _ in range(3)])
+settings = LLDSConfig(mask_answer=True, answer_baseline=2.0)
+beta = settings.answer_weight_for(global_mean_searches(batch, dist))
 with open(f"{sys.argv[1]}/beta{dist.rank}.json", "w") as f:
     json.dump({"rank": dist.rank, "world": dist.world, "beta": beta}, f)
 close_process_group()

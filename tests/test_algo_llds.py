@@ -231,3 +231,16 @@ def test_action_gate_equals_response_gate_for_single_action_rows(batch, data):
     a = llds_loss(*args, gate="action")[0].item()
     r = llds_loss(*args, gate="response")[0].item()
     assert a == pytest.approx(r, abs=1e-12)
+
+
+def test_answer_weight_for_by_hand():
+    """LLDS-MA's beta, the one function the native trainer and the TRL adapter call."""
+    from llds.algo import LLDSConfig
+
+    assert LLDSConfig().answer_weight_for(0.5) == 1.0  # no mask_answer: unweighted
+    ma = LLDSConfig(mask_answer=True)
+    assert ma.answer_weight_for(0.5) == 0.25  # min(0.5 / 2, 1)
+    assert ma.answer_weight_for(3.0) == 1.0  # clipped at 1
+    assert ma.answer_weight_for(None) == 1.0  # searches unknown: unweighted
+    assert LLDSConfig(mask_answer=True, answer_baseline=4.0).answer_weight_for(2.0) == 0.5
+    assert LLDSConfig(mask_answer=True, answer_weight=0.7).answer_weight_for(0.1) == 0.7

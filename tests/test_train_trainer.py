@@ -346,7 +346,7 @@ def test_on_alarm_rollback_restores_and_turns_llds_on(
     assert any(not torch.equal(v, at_step1[k]) for k, v in tr.model.state_dict().items())
     tr._on_alarms([_decay_alarm(3, 1)])
     assert tr.step == 1 and tr.rollbacks == 1
-    assert tr.rollback_llds_coef == 0.3  # LLDS on from here, at the rollback coefficient
+    assert tr.algo.llds.enabled and tr.algo.llds.active_coef == 0.3  # LLDS on, at its coef
     assert not tr.cfg.algo.llds.enabled  # and the config is left as the user wrote it
     assert all(torch.equal(v, at_step1[k]) for k, v in tr.model.state_dict().items())
     assert [r["step"] for r in read_metrics(tmp_path)] == [1]

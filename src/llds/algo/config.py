@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from llds.algo.kl import KLKind
-from llds.algo.llds import Gate, LLDSAggregation
+from llds.algo.llds import Gate, LLDSAggregation, answer_weight_schedule
 from llds.algo.masking import Aggregation
 from llds.algo.policy_loss import RatioType
 from llds.algo.rollout_correction import CorrectionLevel, CorrectionMode
@@ -69,6 +69,19 @@ class LLDSConfig:
     def active_coef(self) -> float:
         """The coefficient the objective uses: 0 when LLDS is disabled."""
         return self.coef if self.enabled else 0.0
+
+    def answer_weight_for(self, mean_valid_searches: float | None) -> float:
+        """LLDS-MA's beta for a batch whose rollouts made `mean_valid_searches` valid searches
+        on average: 1 without `mask_answer`; the fixed `answer_weight` when set; else the
+        paper's min(V / answer_baseline, 1). Unknown searches (None): unweighted, 1. The one
+        place the native trainer and the TRL adapter take it from."""
+        if not self.mask_answer:
+            return 1.0
+        if self.answer_weight is not None:
+            return float(self.answer_weight)
+        if mean_valid_searches is None:
+            return 1.0
+        return answer_weight_schedule(mean_valid_searches, self.answer_baseline)
 
 
 @section(key="algo.rollout_correction")

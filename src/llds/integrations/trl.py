@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 from trl import GRPOConfig, GRPOTrainer
 
-from llds.algo import LLDSConfig, action_segments, answer_weight_schedule, llds_term
+from llds.algo import LLDSConfig, action_segments, llds_term
 from llds.algo.config import engine_fields, from_engine
 from llds.env.rewards import FormatRewardConfig, compute_reward, score_answer
 from llds.errors import ConfigError, DataFormatError
@@ -170,10 +170,11 @@ def trl_llds_loss(
     answer_mask, answer_weight = None, 1.0
     if settings.mask_answer and inputs.get(ANSWER_MASK_KEY) is not None:
         answer_mask = inputs[ANSWER_MASK_KEY]
-        if settings.answer_weight is not None:
-            answer_weight = float(settings.answer_weight)
-        elif inputs.get(ANSWER_WEIGHT_KEY) is not None and inputs[ANSWER_WEIGHT_KEY].numel():
-            answer_weight = float(inputs[ANSWER_WEIGHT_KEY].reshape(-1)[0])
+        given = inputs.get(ANSWER_WEIGHT_KEY)  # the generation batch's (`answer_weight_for`)
+        if given is not None and given.numel():
+            answer_weight = float(given.reshape(-1)[0])
+        else:
+            answer_weight = settings.answer_weight_for(None)
     return llds_term(
         per_token_logps,
         old,
@@ -261,7 +262,7 @@ class LLDSGRPOTrainer(GRPOTrainer):
             settings = self.args.llds
             if settings.mask_answer:
                 v = float(out[SEARCHES_KEY].float().mean()) if SEARCHES_KEY in out else 0.0
-                beta = answer_weight_schedule(v, settings.answer_baseline)
+                beta = settings.answer_weight_for(v)
                 out[ANSWER_WEIGHT_KEY] = torch.full((b,), beta, dtype=torch.float32, device=device)
         return out
 

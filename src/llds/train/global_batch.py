@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import torch
 
-from llds.algo import answer_weight_schedule, preserving_mask
+from llds.algo import preserving_mask
 from llds.train.distributed import Dist
 
 
@@ -75,10 +75,11 @@ def split(order: list[int], parts: int) -> list[list[int]]:
     return out
 
 
-def global_answer_weight(episodes: Sequence[Any], dist: Dist, baseline: float) -> float:
-    """LLDS-MA's beta = min(V / baseline, 1) with V the mean valid searches per rollout of the
-    GLOBAL batch (every process's rollouts): each rank then weights answers alike. A per-rank
-    beta would differ between ranks whenever the clip at 1 acts on one of them."""
+def global_mean_searches(batch: Any, dist: Dist) -> float:
+    """Valid searches per rollout over the GLOBAL batch (every process's rollouts), for
+    LLDS-MA's answer weight: each rank then weights answers alike. A per-rank weight would
+    differ between ranks whenever the clip at 1 acts on one of them."""
+    episodes = batch.episodes
     searches = dist.sum(sum(e.num_valid_searches for e in episodes))
     rollouts = dist.sum(len(episodes))
-    return answer_weight_schedule(float(searches) / max(1.0, float(rollouts)), baseline)
+    return float(searches) / max(1.0, float(rollouts))

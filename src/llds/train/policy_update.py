@@ -10,7 +10,6 @@ rank with the most micro-batches.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ from llds.rollout import RolloutBatch
 from llds.train import fsdp
 from llds.train.config import AlgoConfig, TrainConfig
 from llds.train.distributed import Dist
-from llds.train.global_batch import Counts, global_answer_weight, global_counts, mini_batches
+from llds.train.global_batch import Counts, global_counts, global_mean_searches, mini_batches
 from llds.train.update_stats import UpdateStats
 
 log = logging.getLogger("llds.train")
@@ -41,13 +40,6 @@ FILTERED_SHARE = keys.TURNS_FILTERED_SHARE
 
 class NonFiniteError(RuntimeError):
     """Too many non-finite losses or gradients in a row: the run stops instead of diverging."""
-
-
-def objective_for(algo: AlgoConfig, llds_coef: float) -> AlgoConfig:
-    """The loss's settings from the config, with LLDS's coefficient of this step (0 = off)."""
-    return dataclasses.replace(
-        algo, llds=dataclasses.replace(algo.llds, enabled=llds_coef > 0, coef=llds_coef)
-    )
 
 
 @dataclass(frozen=True)
@@ -150,16 +142,16 @@ class PolicyUpdate:
         ref_logp: torch.Tensor | None,
         k: int,
         global_rows: list[int],
-        llds_coef: float,
+        algo: AlgoConfig,
     ) -> dict[str, float]:
         """Step `k`'s `mini_batches x epochs` optimizer steps on `batch`; returns their stats.
 
         `global_rows`: each local row's index in the step's global batch, so that mini-batches
-        are drawn from the global batch as a single process would draw them. `llds_coef`: LLDS's
-        coefficient for this step (0 = off; a rollback may turn it on)."""
+        are drawn from the global batch as a single process would draw them. `algo`: the loss's
+        settings in force (the config's, or after a rollback the same with LLDS on)."""
         cfg, optim = self.cfg, self.cfg.optim
-        objective = objective_for(cfg.algo, llds_coef)
-        beta = self._answer_weight(batch, llds_coef)
+        objective, llds_coef = algo, algo.llds.active_coef
+        beta = self._answer_weight(batch, algo)
         loss_mask, filtered = step_loss_mask(batch, cfg.algo.filter_void_turns)
         is_weights, correction = step_is_weights(cfg, batch, old_logp, loss_mask)
         inputs = UpdateInputs(
@@ -351,15 +343,14 @@ class PolicyUpdate:
             self.scaler.update()
         return float(norm)
 
-    def _answer_weight(self, batch: RolloutBatch, llds_coef: float) -> float:
-        """LLDS-MA's answer weight: 1 unless LLDS is on with `mask_answer`; then the config's
-        fixed one, else from the global batch."""
-        lc = self.cfg.algo.llds
-        if not (llds_coef > 0 and lc.mask_answer):
+    def _answer_weight(self, batch: RolloutBatch, algo: AlgoConfig) -> float:
+        """LLDS-MA's answer weight (`LLDSConfig.answer_weight_for`): 1 unless LLDS is on with
+        `mask_answer`; the valid searches counted over the global batch."""
+        lc = algo.llds
+        if not (lc.active_coef > 0 and lc.mask_answer):
             return 1.0
-        if lc.answer_weight is not None:
-            return lc.answer_weight
-        return global_answer_weight(batch.episodes, self.dist, lc.answer_baseline)
+        searches = None if lc.answer_weight is not None else global_mean_searches(batch, self.dist)
+        return lc.answer_weight_for(searches)
 
     def _zero_weight_backward(self, batch: RolloutBatch, rows: list[int]) -> None:
         """A forward/backward that adds nothing to the gradient: under FSDP every rank must take

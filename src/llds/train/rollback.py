@@ -7,6 +7,7 @@ resume makes (`checkpoint.find_resumable`): a damaged one is passed over, and na
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Sequence
@@ -15,7 +16,7 @@ from pathlib import Path
 from llds.monitor.alarms import Action, Alarm, AlarmMonitor, should_act
 from llds.runs.tracking import read_metrics
 from llds.train.checkpoint import find_resumable
-from llds.train.config import TrainConfig
+from llds.train.config import AlgoConfig, TrainConfig
 
 log = logging.getLogger("llds.train")
 
@@ -72,6 +73,9 @@ def keep_abandoned_log(run_dir: Path, rollbacks: int) -> Path:
     return abandoned
 
 
-def rollback_coef(cfg: TrainConfig) -> float:
-    """LLDS's coefficient after a rollback: at least `diagnostics.rollback_llds_coef`."""
-    return max(cfg.algo.llds.coef, cfg.diagnostics.rollback_llds_coef)
+def rollback_algo(cfg: TrainConfig) -> AlgoConfig:
+    """The loss's settings after a rollback: the config's with LLDS on, at a coefficient of at
+    least `diagnostics.rollback_llds_coef` (the config itself is left as the user wrote it)."""
+    coef = max(cfg.algo.llds.coef, cfg.diagnostics.rollback_llds_coef)
+    llds = dataclasses.replace(cfg.algo.llds, enabled=coef > 0, coef=coef)
+    return dataclasses.replace(cfg.algo, llds=llds)

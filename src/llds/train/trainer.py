@@ -46,7 +46,7 @@ from llds.train.rollback import (
     decide,
     keep_abandoned_log,
     new_monitor,
-    rollback_coef,
+    rollback_algo,
     rollback_target,
 )
 from llds.train.saving import RunState, load_run_state, save_run_checkpoint
@@ -142,7 +142,8 @@ class GRPOTrainer:
         self.logger: MetricsLogger | None = None
         self.monitor = new_monitor(cfg, self.run_dir, self.step)
         self.rollbacks = 0
-        self.rollback_llds_coef: float | None = None  # LLDS turned on by a rollback
+        self.algo = cfg.algo
+        """the loss's settings in force: the config's, swapped once by a rollback (LLDS on)"""
 
     def _restore(self, start: build.ResumePoint) -> int:
         """Continue from `start`'s checkpoint, whose weights `build.policy` has loaded: the
@@ -228,7 +229,7 @@ class GRPOTrainer:
                 self.rollout_model,
                 self.precision,
                 sampled_by_copy=self.sampler.is_copy,
-                llds_coef=self._llds_coef(),
+                llds_coef=self.algo.llds.active_coef,
             )
         with times("ref_logprob"):
             ref_logp = reference_logprobs(cfg, batch, self.ref_model, self.precision)
@@ -265,9 +266,7 @@ class GRPOTrainer:
         global_rows = [
             j * g + i for j in self.dist.shard(self.cfg.prompts_per_step) for i in range(g)
         ]
-        stats = self.updater.run(
-            batch, adv, old_logp, ref_logp, k, global_rows, llds_coef=self._llds_coef()
-        )
+        stats = self.updater.run(batch, adv, old_logp, ref_logp, k, global_rows, self.algo)
         self._sync_copies()
         return stats
 
@@ -328,12 +327,12 @@ class GRPOTrainer:
         load_run_state(target, blobs, self._run_state(), sharded=self.sharded)
         self._sync_copies()
         self.step = int(state["step"])
-        self.rollback_llds_coef = rollback_coef(self.cfg)
+        self.algo = rollback_algo(self.cfg)
         self.rollbacks += 1
         log.warning(
             "rolled back to %s; continuing with LLDS on (coef %.3g)",
             target.name,
-            self.rollback_llds_coef,
+            self.algo.llds.coef,
         )
         if self.dist.is_main:
             c = self.cfg
@@ -361,13 +360,6 @@ class GRPOTrainer:
         if self.sharded:
             fsdp.sync_unsharded_copy(self.model, self.rollout_model)
         self.sampler.refresh()
-
-    def _llds_coef(self) -> float:
-        """LLDS's coefficient now: the config's, or after a rollback the rollback's (0 = off)."""
-        if self.rollback_llds_coef is not None:
-            return self.rollback_llds_coef
-        lc = self.cfg.algo.llds
-        return lc.coef if lc.enabled else 0.0
 
     def _run_state(self) -> RunState:
         return RunState(self.model, self.tokenizer, self.optimizer, self.scheduler, self.scaler)
