@@ -390,11 +390,21 @@ def test_two_step_run_with_search_rollout_func(
 
 def test_llds_fields_are_generated_from_the_one_definition():
     import dataclasses
+    import typing
 
     from llds.algo import LLDSConfig
+    from llds.algo.config import engine_fields
 
     ours = dataclasses.asdict(LLDSConfig())
     trl_fields = {f.name: f for f in dataclasses.fields(LLDSGRPOConfig)}
+    hints = typing.get_type_hints(LLDSGRPOConfig)
+    # the static class declares every field of the one definition, with its type (editors and
+    # TRL's argument parser see them), its default and its help
+    for name, kind, spec in engine_fields("llds_"):
+        assert name in trl_fields, name
+        assert hints[name] == kind, name
+        assert trl_fields[name].default == spec.default, name
+        assert trl_fields[name].metadata["help"] == spec.metadata["help"], name
     for name, default in ours.items():
         assert trl_fields[f"llds_{name}"].default == default, name
         assert trl_fields[f"llds_{name}"].metadata["help"], name  # help from the docstring

@@ -24,8 +24,8 @@ from __future__ import annotations
 import logging
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import field, make_dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -33,6 +33,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from llds.algo import LLDSConfig, action_segments, llds_term
 from llds.algo.config import engine_fields, from_engine
+from llds.algo.llds import Gate, LLDSAggregation
 from llds.env.rewards import FormatRewardConfig, compute_reward, score_answer
 from llds.errors import ConfigError, DataFormatError
 from llds.metrics import VALID_SEARCHES
@@ -86,58 +87,53 @@ def llds_can_act(
     return gradient_accumulation_steps % (steps_per_generation * num_iterations) != 0
 
 
-def _llds_grpo_config_class() -> type:
-    """`GRPOConfig` plus `LLDSConfig`'s fields as `llds_<field>` (TRL's argument parser shows them
-    with their help), plus the two settings of this adapter's LLD metrics. The LLDS fields are
-    generated from `LLDSConfig`, so their types, defaults, ranges and help exist once."""
-    own = [
-        (
-            "llds_correct_threshold",
-            float,
-            field(
-                default=0.5,
-                metadata={
-                    "help": "A rollout counts as correct in the lld/* metrics when its total "
-                    "reward is >= this (0.5 separates right from wrong for EM and the Search-R1 "
-                    "format reward with its default scores)."
-                },
-            ),
-        ),
-        (
-            "llds_log_lld_metrics",
-            bool,
-            field(
-                default=True,
-                metadata={"help": "Log lld/* likelihood and displacement metrics."},
-            ),
-        ),
-    ]
+def _llds(name: str) -> Any:
+    """The dataclass field of `LLDSConfig.<name>` as TRL's `llds_<name>`: its default and help
+    text read from the one definition (`engine_fields`), so they exist once."""
+    spec = _ENGINE_FIELDS[f"llds_{name}"]
+    return field(default=spec.default, metadata=dict(spec.metadata))
 
-    def __post_init__(self: Any) -> None:
-        GRPOConfig.__post_init__(self)
+
+_ENGINE_FIELDS = {name: spec for name, _, spec in engine_fields("llds_")}
+
+
+@dataclass
+class LLDSGRPOConfig(GRPOConfig):
+    """`GRPOConfig` plus the LLDS settings as `llds_<field>` (`llds.algo.LLDSConfig`'s fields,
+    their defaults and help read from it; a test checks that every field is here with its type),
+    and `llds_correct_threshold` / `llds_log_lld_metrics` for the lld/* metrics. `llds_scope`
+    other than `minibatch` is refused: TRL's loss sees one mini-batch at a time."""
+
+    llds_enabled: bool = _llds("enabled")
+    llds_coef: float = _llds("coef")
+    llds_gate: Gate = _llds("gate")
+    llds_aggregation: LLDSAggregation = _llds("aggregation")
+    llds_mask_answer: bool = _llds("mask_answer")
+    llds_answer_weight: float | None = _llds("answer_weight")
+    llds_answer_baseline: float = _llds("answer_baseline")
+    llds_scope: Literal["minibatch", "batch"] = _llds("scope")
+    llds_batch_rows: int = _llds("batch_rows")
+    llds_first_update: Literal["zero", "computed"] = _llds("first_update")
+    llds_correct_threshold: float = field(
+        default=0.5,
+        metadata={
+            "help": "A rollout counts as correct in the lld/* metrics when its total reward is "
+            ">= this (0.5 separates right from wrong for EM and the Search-R1 format reward "
+            "with its default scores)."
+        },
+    )
+    llds_log_lld_metrics: bool = field(
+        default=True, metadata={"help": "Log lld/* likelihood and displacement metrics."}
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         _ = self.llds  # a bad llds_* value fails here, with its name
 
-    def llds(self: Any) -> LLDSConfig:
+    @property
+    def llds(self) -> LLDSConfig:
         """The LLDS settings these arguments hold, validated by `LLDSConfig`."""
         return from_engine(self)
-
-    cls = make_dataclass(
-        "LLDSGRPOConfig",
-        [*engine_fields("llds_"), *own],
-        bases=(GRPOConfig,),
-        namespace={"__post_init__": __post_init__, "llds": property(llds)},
-    )
-    cls.__module__ = __name__
-    cls.__doc__ = (
-        "`GRPOConfig` plus the LLDS settings as `llds_<field>` (`llds.algo.LLDSConfig`'s fields: "
-        "llds_enabled, llds_coef, llds_gate, llds_aggregation, llds_mask_answer, "
-        "llds_answer_weight, llds_answer_baseline, llds_first_update), and "
-        "llds_correct_threshold / llds_log_lld_metrics for the lld/* metrics."
-    )
-    return cls
-
-
-LLDSGRPOConfig = _llds_grpo_config_class()
 
 
 def loss_mask_from_inputs(inputs: Mapping[str, Any]) -> Tensor:
