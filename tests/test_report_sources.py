@@ -54,11 +54,16 @@ def trl_dir(root: Path, steps: int = 80) -> Path:
 
 
 def verl_rows(steps: int = 80) -> list[dict[str, Any]]:
-    """veRL metric dicts per step (the LLDS loss's statistics under its `actor/llds_` prefix)."""
+    """veRL metric dicts per step holding only what a veRL run logs: veRL's own names, the LLDS
+    loss's statistics under `actor/llds_` and its pre-mini-batch LLD counts under
+    `actor/lld_premb_` (here 100 positive responses a step, the synthetic share of them fell);
+    no native key veRL never logs (`lld/disp_pos`, `rollout/valid_searches`, ...)."""
     out = []
     for row in synthetic_rows("collapse", steps=steps, collapse_start=60, displacement=True):
-        data = _renamed(row, NATIVE_TO_VERL)
+        data = {NATIVE_TO_VERL[k]: v for k, v in row.items() if k in NATIVE_TO_VERL}
         data.update({"actor/llds_gate_frac": 0.25, "timing_s/step": 3.0, "actor/ppo_kl": 0.01})
+        fell = round(100 * row["lld/frac_pos_fell"])
+        data.update({"actor/lld_premb_n_pos": 100.0, "actor/lld_premb_n_pos_fell": float(fell)})
         out.append({"step": row["step"], "data": data})
     return out
 
@@ -163,7 +168,15 @@ def test_trl_and_verl_runs_draw_the_same_panels_as_a_native_run(tmp_path):
 
 def test_cli_reports_a_verl_log_beside_it(tmp_path, capsys):
     log = tmp_path / "verl" / "exp.jsonl"
-    write_jsonl(log, verl_rows())
+    rows = verl_rows()
+    native_only = (
+        "lld/disp_pos",
+        "lld/frac_pos_fell",
+        "rollout/valid_searches",
+        "policy/ratio_max",
+    )
+    assert not any(k in r["data"] for r in rows for k in native_only)  # only what veRL logs
+    write_jsonl(log, rows)
     assert main(["report", str(log)]) == 0
     report = tmp_path / "verl" / "report" / "report.json"
     data = json.loads(report.read_text())["runs"][0]
