@@ -677,7 +677,27 @@ def _render(browser: str, page: Path, tmp_path: Path, what: str) -> str:
     return dom.stdout
 
 
-def test_native_trl_and_verl_reports_render_one_collapse_step(written, tmp_path):
+def _no_empty_panel_with_keys(run_dir: Path) -> None:
+    """No panel of a run's comparison figure says "not logged" while its log has the panel's
+    metrics (the panel's own key, its dashed or fallback key, or the axis under it)."""
+    from llds.report.html import load_run
+    from llds.report.plots import MONITOR_PANELS, comparison_panels
+
+    run = load_run(run_dir, run_dir.name)
+    fig = draw_comparison([RunSeries(run.label, "#1f77b4", run.rows, run.phases, run.alarms)])
+    logged = {k for row in run.rows for k, v in row.items() if isinstance(v, int | float)}
+    for panel in (*comparison_panels(), *MONITOR_PANELS):
+        if not {panel.key, panel.dashed_key, panel.fallback} & logged:
+            continue  # (a panel drawn only for its lower axis has its own title-less axis)
+        axes = [ax for ax in fig.axes if ax.get_title().startswith(panel.title)]
+        assert axes, (run_dir.name, panel.title)
+        assert "not logged" not in [t.get_text() for t in axes[0].texts], (run_dir, panel.title)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+
+
+def test_native_trl_and_verl_reports_render_one_collapse_step(written, runs, tmp_path):
     """In Chromium, each report's verdict box (at the top) names the collapse step the
     attribution below names, or no collapse in both."""
     browser = _chromium()
@@ -693,6 +713,9 @@ def test_native_trl_and_verl_reports_render_one_collapse_step(written, tmp_path)
         run.mkdir()
         shutil.copy(fixtures / file, run)
         pages[name] = write_report([run], tmp_path / f"{name}-report")
+    # the comparison draws every panel whose keys the log has
+    for run_dir in (*runs, tmp_path / "trl-run", tmp_path / "verl-run"):
+        _no_empty_panel_with_keys(run_dir)
     collapsed = {}
     for name, page in pages.items():
         dom = _render(browser, page, tmp_path, name)
