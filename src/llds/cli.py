@@ -90,8 +90,9 @@ def run_command(args: argparse.Namespace) -> int:
         print_config(cfg, absent)
         return 0
     cfg = command_config(args)
-    outputs = [_field(cfg, key) for key in getattr(args._module, "OUTPUT_DIRS", ())]
-    for key, path in zip(getattr(args._module, "OUTPUT_DIRS", ()), outputs, strict=True):
+    keys = getattr(args._module, "OUTPUT_DIRS", ())
+    outputs = [_field(cfg, key) for key in keys]
+    for key, path in zip(keys, outputs, strict=True):
         check_directory_target(key, path)  # before any work starts
     new = [Path(p) for p in outputs if p not in (None, "") and not Path(p).exists()]
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import math
@@ -54,10 +55,8 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
 def _cut_back(handle: IO[str], path: Path, size: int) -> IO[str]:
     """Drop a torn row: the log cut back to `size` bytes, reopened for appending (the buffered
     part of the row that did not fit is discarded with the old handle)."""
-    try:
+    with contextlib.suppress(OSError):  # its buffer held the row that did not fit
         handle.close()
-    except OSError:
-        pass  # its buffer held the row that did not fit
     os.truncate(path, size)
     return path.open("a", encoding="utf-8")
 

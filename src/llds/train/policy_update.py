@@ -150,13 +150,11 @@ class PolicyUpdate:
         are drawn from the global batch as a single process would draw them. `algo`: the loss's
         settings in force (the config's, or after a rollback the same with LLDS on)."""
         cfg, optim = self.cfg, self.cfg.optim
-        objective, llds_coef = algo, algo.llds.active_coef
+        llds_coef = algo.llds.active_coef
         beta = self._answer_weight(batch, algo)
         loss_mask, filtered = step_loss_mask(batch, cfg.algo.filter_void_turns)
         is_weights, correction = step_is_weights(cfg, batch, old_logp, loss_mask)
-        inputs = UpdateInputs(
-            batch, adv, old_logp, ref_logp, objective, beta, loss_mask, is_weights
-        )
+        inputs = UpdateInputs(batch, adv, old_logp, ref_logp, algo, beta, loss_mask, is_weights)
         params = [p for p in self.model.parameters() if p.requires_grad]
         start = self._snapshot(params)
         n_global = cfg.prompts_per_step * cfg.rollout.group_size
