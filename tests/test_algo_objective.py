@@ -45,7 +45,7 @@ def test_objective_is_the_sum_of_its_terms():
         llds=LLDSConfig(coef=0.3),
         aggregation="token-mean",
     )
-    loss, stats = grpo_objective(logp, old, adv, mask, o, ref_log_probs=ref, entropy=ent)
+    loss, stats = grpo_objective(TermInputs(logp, old, adv, mask, ref, ent), o)
     pg, _ = policy_loss(logp, old, adv, mask, clip_low=0.2, aggregation="token-mean")
     kl = aggregate(kl_penalty(logp, ref, "low_var_kl"), mask, "token-mean")
     h = aggregate(ent, mask, "token-mean")
@@ -66,21 +66,22 @@ def test_llds_that_must_not_act_adds_nothing():
     logp = (old - 0.2).requires_grad_()  # every token lost likelihood: every gate would open
     with_llds = AlgoConfig(llds=LLDSConfig(coef=5.0))
     without = AlgoConfig(llds=LLDSConfig(enabled=False))
-    quiet, stats = grpo_objective(logp, old, adv, mask, with_llds, llds_acts=False)
-    plain, _ = grpo_objective(logp, old, adv, mask, without)
+    quiet, stats = grpo_objective(TermInputs(logp, old, adv, mask, llds_acts=False), with_llds)
+    plain, _ = grpo_objective(TermInputs(logp, old, adv, mask), without)
     assert float(quiet.detach()) == float(plain.detach())
     (gq,) = torch.autograd.grad(quiet, logp)
     (gp,) = torch.autograd.grad(plain, logp)
     assert torch.equal(gq, gp)
     assert float(stats["llds/loss"]) == 0.0 and float(stats["llds/gate_frac"]) > 0  # measured
-    acting, _ = grpo_objective(logp, old, adv, mask, with_llds)
+    acting, _ = grpo_objective(TermInputs(logp, old, adv, mask), with_llds)
     assert float(acting.detach()) > float(plain.detach())
 
 
 def test_disabled_llds_adds_nothing_and_reports_nothing():
     logp, old, adv, mask, _, _ = _case(2)
-    off, stats = grpo_objective(logp, old, adv, mask, AlgoConfig(llds=LLDSConfig(enabled=False)))
-    zero, _ = grpo_objective(logp, old, adv, mask, AlgoConfig(llds=LLDSConfig(coef=0.0)))
+    x = TermInputs(logp, old, adv, mask)
+    off, stats = grpo_objective(x, AlgoConfig(llds=LLDSConfig(enabled=False)))
+    zero, _ = grpo_objective(x, AlgoConfig(llds=LLDSConfig(coef=0.0)))
     pg, _ = policy_loss(logp, old, adv, mask, clip_low=0.2, aggregation="token-mean")
     assert float(off.detach()) == float(zero.detach()) == float(pg.detach())
     assert not any(k.startswith("llds/") for k in stats)
@@ -99,8 +100,8 @@ def test_a_registered_term_is_added_only_when_configured():
     logp, old, adv, mask, _, _ = _case(3)
     plain = AlgoConfig(llds=LLDSConfig(enabled=False))
     with_toy = AlgoConfig(llds=LLDSConfig(enabled=False), extra_terms={"toy_gap": 0.5})
-    base, base_stats = grpo_objective(logp, old, adv, mask, plain)
-    loss, stats = grpo_objective(logp, old, adv, mask, with_toy)
+    base, base_stats = grpo_objective(TermInputs(logp, old, adv, mask), plain)
+    loss, stats = grpo_objective(TermInputs(logp, old, adv, mask), with_toy)
     by_hand = (((logp - old) ** 2) * mask).sum() / mask.sum()
     torch.testing.assert_close(loss, base + 0.5 * by_hand)
     torch.testing.assert_close(stats["toy/gap"], by_hand.detach())

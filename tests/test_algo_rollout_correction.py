@@ -11,6 +11,7 @@ import torch
 from llds.algo import (
     AlgoConfig,
     RolloutCorrectionConfig,
+    TermInputs,
     grpo_objective,
     importance_weights,
     no_correction,
@@ -154,8 +155,8 @@ def test_objective_passes_the_weights_to_the_policy_term_only():
     adv = torch.tensor([1.0, -1.0, 0.5])
     w, _ = weights("tis", "token")
     algo = AlgoConfig(kl_coef=0.1)
-    _, plain = grpo_objective(logp, old, adv, MASK, algo, ref_log_probs=old)
-    _, st = grpo_objective(logp, old, adv, MASK, algo, ref_log_probs=old, is_weights=w)
+    _, plain = grpo_objective(TermInputs(logp, old, adv, MASK, ref_log_probs=old), algo)
+    _, st = grpo_objective(TermInputs(logp, old, adv, MASK, ref_log_probs=old, is_weights=w), algo)
     expected, _ = policy_loss(logp, old, adv, MASK, weights=w)
     assert torch.equal(st["policy/pg_loss"], expected)
     assert not torch.equal(st["policy/pg_loss"], plain["policy/pg_loss"])

@@ -97,47 +97,17 @@ def active_terms(algo: AlgoConfig) -> list[tuple[str, LossTerm]]:
     return [(n, _REGISTRY[n]) for n in (*BUILT_IN_TERMS, *algo.extra_terms)]
 
 
-def grpo_objective(
-    log_probs: Tensor,
-    old_log_probs: Tensor,
-    advantages: Tensor,
-    loss_mask: Tensor,
-    algo: AlgoConfig,
-    *,
-    ref_log_probs: Tensor | None = None,
-    entropy: Tensor | None = None,
-    answer_mask: Tensor | None = None,
-    answer_weight: float = 1.0,
-    llds_acts: bool = True,
-    num_sequences: float | Tensor | None = None,
-    num_tokens: float | Tensor | None = None,
-    num_preserving: float | Tensor | None = None,
-    is_weights: Tensor | None = None,
-) -> tuple[Tensor, dict[str, Tensor]]:
-    """`(loss, stats)` of one micro-batch; stats are detached and named like the trainer's
-    metrics (`policy/*`, `llds/*`).
+def grpo_objective(x: TermInputs, algo: AlgoConfig) -> tuple[Tensor, dict[str, Tensor]]:
+    """`(loss, stats)` of one micro-batch `x` under the `AlgoConfig` in force; stats are detached
+    and named like the trainer's metrics (`policy/*`, `llds/*`).
 
-    The KL term is added when `ref_log_probs` is given, the entropy bonus when `entropy` is
+    The KL term is added when `x.ref_log_probs` is given, the entropy bonus when `x.entropy` is
     given and `entropy_coef > 0`, LLDS when `algo.llds` is enabled with `coef > 0`. With
-    `llds_acts=False` LLDS is evaluated on detached log-probs for its statistics and adds nothing
-    (value and gradient 0): the first optimizer step of a rollout batch, where d is only rounding
-    noise. `is_weights` weight the policy term's tokens (the decoupled importance correction).
+    `x.llds_acts=False` LLDS is evaluated on detached log-probs for its statistics and adds
+    nothing (value and gradient 0): the first optimizer step of a rollout batch, where d is only
+    rounding noise. `x.is_weights` weight the policy term's tokens (the decoupled importance
+    correction).
     """
-    x = TermInputs(
-        log_probs,
-        old_log_probs,
-        advantages,
-        loss_mask,
-        ref_log_probs,
-        entropy,
-        answer_mask,
-        answer_weight,
-        llds_acts,
-        num_sequences,
-        num_tokens,
-        num_preserving,
-        is_weights,
-    )
     terms = {name: term(x, algo) for name, term in active_terms(algo)}
     loss = sum(value for value, _ in terms.values() if value is not None)
     stats = {key: v for _, term_stats in terms.values() for key, v in term_stats.items()}

@@ -30,7 +30,7 @@ from pydantic import Field
 
 from llds.algo import group_advantages
 from llds.algo.config import AlgoConfig, LLDSConfig
-from llds.algo.objective import grpo_objective
+from llds.algo.objective import TermInputs, grpo_objective
 from llds.config.schema import section
 from llds.data.example import QAExample
 from llds.env.prompts import PromptTemplate, build_prompt_ids
@@ -116,10 +116,11 @@ def first_order_displacement(
     lp, _ = response_log_probs(model, batch, temperature=temperature)
     mask = batch.loss_mask.to(lp.device)
     adv = group_advantages(batch.rewards, batch.group_ids).to(lp.device)
-    loss, _ = grpo_objective(lp, lp.detach(), adv, mask, objective)
+    loss, _ = grpo_objective(TermInputs(lp, lp.detach(), adv, mask), objective)
     descent = [-g for g in torch.autograd.grad(loss, params, retain_graph=True)]
     # the same normalization (mask unchanged), advantages > 0 zeroed: the negatives' part
-    loss_neg, _ = grpo_objective(lp, lp.detach(), adv.clamp(max=0.0), mask, objective)
+    negatives = TermInputs(lp, lp.detach(), adv.clamp(max=0.0), mask)
+    loss_neg, _ = grpo_objective(negatives, objective)
     descent_neg = [-g for g in torch.autograd.grad(loss_neg, params)]
     del lp, loss, loss_neg
     total, drag = torch.zeros(len(batch)), torch.zeros(len(batch))

@@ -19,7 +19,7 @@ import torch
 
 from llds.algo import group_advantages
 from llds.algo.config import AlgoConfig
-from llds.algo.objective import grpo_objective
+from llds.algo.objective import TermInputs, grpo_objective
 from llds.policy.forward import response_log_probs
 
 ProbeOptimizer = Literal["sgd", "adamw"]
@@ -77,14 +77,14 @@ def apply_updates(
     for update in range(updates):
         opt.zero_grad(set_to_none=True)
         lp, _ = response_log_probs(model, batch, temperature=temperature)
-        loss, _ = grpo_objective(  # the GRPO update (+ LLDS): no KL or entropy term
-            lp,
-            old.to(lp.device),
-            adv.to(lp.device),
-            batch.loss_mask.to(lp.device),
-            objective,
+        x = TermInputs(  # the GRPO update (+ LLDS): no KL or entropy term
+            log_probs=lp,
+            old_log_probs=old.to(lp.device),
+            advantages=adv.to(lp.device),
+            loss_mask=batch.loss_mask.to(lp.device),
             llds_acts=update > 0,
         )
+        loss, _ = grpo_objective(x, objective)
         loss.backward()
         opt.step()
     model.eval()

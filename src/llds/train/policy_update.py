@@ -19,7 +19,7 @@ import torch
 
 from llds import metrics as keys
 from llds.algo.llds import preserving_mask
-from llds.algo.objective import grpo_objective, llds_term
+from llds.algo.objective import TermInputs, grpo_objective, llds_term
 from llds.algo.rollout_correction import importance_weights
 from llds.errors import ConfigError
 from llds.monitor.mismatch import correction_metrics
@@ -259,12 +259,11 @@ class PolicyUpdate:
                 share_prompts=not self.sharded,
             )
         ref, weights = inputs.ref_logp, inputs.is_weights
-        return grpo_objective(
-            lp,
-            inputs.old_logp[micro, :w].to(lp.device),
-            inputs.adv[micro].to(lp.device),
-            inputs.loss_mask[micro, :w].to(lp.device),
-            inputs.objective,
+        x = TermInputs(
+            log_probs=lp,
+            old_log_probs=inputs.old_logp[micro, :w].to(lp.device),
+            advantages=inputs.adv[micro].to(lp.device),
+            loss_mask=inputs.loss_mask[micro, :w].to(lp.device),
             ref_log_probs=None if ref is None else ref[micro, :w].to(lp.device),
             entropy=ent,
             answer_mask=sub.answer_mask.to(lp.device) if lc.mask_answer else None,
@@ -275,6 +274,7 @@ class PolicyUpdate:
             num_preserving=counts.preserving,
             is_weights=None if weights is None else weights[micro, :w].to(lp.device),
         )
+        return grpo_objective(x, inputs.objective)
 
     def _llds_acts(self, llds_coef: float, first: bool) -> bool:
         """Whether LLDS acts on this mini-batch. Before the batch's first successful optimizer
