@@ -29,7 +29,7 @@ $(STAMP): pyproject.toml Makefile
 $(VERL_STAMP): Makefile
 	test -x $(VERL_VENV)/bin/python || $(PYTHON) -m venv $(VERL_VENV)
 	$(VERL_VENV)/bin/pip install --quiet "$(TORCH_SPEC)"
-	$(VERL_VENV)/bin/pip install --quiet verl==0.9.1 pytest hypothesis
+	$(VERL_VENV)/bin/pip install --quiet verl==0.9.1 fastapi uvicorn cachetools pytest hypothesis
 	touch $(VERL_STAMP)
 
 # Headless Chromium renders the HTML report in a test (Debian package; skipped if unavailable).
@@ -48,7 +48,7 @@ test-main: $(STAMP) lint browser
 	if [ $$rc -eq 5 ]; then echo "no tests were collected: failing"; exit 1; fi; exit $$rc
 
 test-verl: $(VERL_STAMP)
-	PYTHONPATH=src $(VERL_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_integrations_verl.py
+	PYTHONPATH=src $(VERL_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_integrations_verl.py tests/test_integrations_verl_engine.py
 
 test: test-main test-verl
 

@@ -128,9 +128,21 @@ def test_policy_loss_value_and_gradient_match_hand_ppo_plus_llds(gate, aggregati
     torch.testing.assert_close(loss.detach(), (base + penalty).detach(), rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(grad, grad_expected, rtol=1e-5, atol=1e-7)
     assert torch.all(grad[~mask] == 0)  # tool tokens get no gradient at all
-    assert metrics["actor/llds_loss"] == pytest.approx(float(penalty.detach()), rel=1e-5)
+    # the metric is this micro-batch's penalty over its own tokens / sequences: veRL averages a
+    # loss's metrics over micro-batches, so a mini-batch-normalized value would read 1/M of it
+    local, _ = llds_loss(new, old, adv, mask, coef=0.3, gate=gate, aggregation=aggregation)
+    assert float(local) != pytest.approx(float(penalty.detach()), rel=1e-3)  # the case tells
+    assert metrics["actor/llds_loss"] == pytest.approx(float(local.detach()), rel=1e-5)
     assert {"actor/pg_clipfrac", "actor/ppo_kl", "actor/llds_gate_frac"} <= set(metrics)
     assert all(isinstance(v, float) for v in metrics.values())
+
+
+def test_first_update_zero_is_refused_by_its_key():
+    """veRL's loss is not told which optimizer step a micro-batch belongs to: 'computed' is the
+    default and the only value; 'zero' is one line naming the key."""
+    assert llds_settings(_actor_config()).first_update == "computed"
+    with pytest.raises(ConfigError, match=r"^policy_loss\.llds_first_update: 'zero'"):
+        llds_settings(_actor_config(llds_first_update="zero"))
 
 
 def test_coef_zero_is_the_base_loss():

@@ -57,13 +57,20 @@ LOSS_NAME = "llds"
 CONFIG_TARGET = "llds.integrations.verl.LLDSPolicyLossConfig"
 
 
-VERL_DEFAULTS: dict[str, Any] = {"aggregation": "token-mean"}
+VERL_DEFAULTS: dict[str, Any] = {"aggregation": "token-mean", "first_update": "computed"}
 """Where this adapter's defaults differ from `LLDSConfig`'s. `aggregation` defaults to
 ``token-mean``: the authors' implementation (itself on veRL) and exact under veRL's global-batch
 normalization. ``seq-mean-token-mean`` (the paper's Eq. 4) is exact within one micro-batch; with
 veRL's global batch info its denominator becomes the number of sequences of the mini-batch (veRL
 does not expose the global number of non-negative-advantage sequences), which rescales the
-penalty by |Y_pre| / |Y|."""
+penalty by |Y_pre| / |Y|. `first_update` is ``computed``, the only value veRL allows: its loss
+is not told which optimizer step of the batch a micro-batch belongs to (`FIRST_UPDATE_REFUSAL`)."""
+FIRST_UPDATE_REFUSAL = (
+    "llds_first_update: 'zero' needs to know which optimizer step of the rollout batch a "
+    "micro-batch belongs to, and veRL's policy loss is not told; under veRL LLDS acts from the "
+    "first step on (d there is what separates veRL's old-log-prob pass from its training pass, "
+    "exactly 0 where the two compute the same numbers); use 'computed'"
+)
 BASE_LOSS_KEY = "llds_base_loss_mode"
 DEFAULT_BASE_LOSS = "vanilla"
 
@@ -99,7 +106,10 @@ def _get(obj: Any, key: str, default: Any = None) -> Any:
 def llds_settings(config: Any) -> LLDSConfig:
     """The LLDS settings of an actor config (`config.policy_loss.llds_*`), validated by
     `LLDSConfig`; a bad value is one line naming `policy_loss.llds_<field>`."""
-    return from_engine(_get(config, "policy_loss", {}), where="policy_loss.", **VERL_DEFAULTS)
+    settings = from_engine(_get(config, "policy_loss", {}), where="policy_loss.", **VERL_DEFAULTS)
+    if settings.first_update != "computed":
+        raise ConfigError("policy_loss." + FIRST_UPDATE_REFUSAL)
+    return settings
 
 
 def base_loss_mode(config: Any) -> str:
@@ -294,6 +304,12 @@ def verl_llds_policy_loss(
         num_sequences=num_sequences,
         num_tokens=num_tokens,
     )
+    if num_sequences is not None or num_tokens is not None:
+        # veRL averages a loss's metrics over micro-batches (`Metric.from_dict(..., MEAN)` in
+        # `ppo_loss`), assuming each is normalized over its own micro-batch, as its clip
+        # fractions are; the term above is normalized over the mini-batch, so its statistics
+        # are taken over this micro-batch alone (else the log reads 1/M of the value).
+        _, stats = llds_term(log_prob.detach(), old_log_prob, advantages, response_mask, settings)
     out = dict(metrics)
     for key, value in stats.items():  # llds/gate_frac -> actor/llds_gate_frac
         out["actor/llds_" + key.removeprefix("llds/")] = float(value)
@@ -388,6 +404,7 @@ _register_if_verl_loaded()
 __all__ = [
     "BYPASS_REFUSAL",
     "CONFIG_TARGET",
+    "FIRST_UPDATE_REFUSAL",
     "LOSS_NAME",
     "VERL_DEFAULTS",
     "base_loss_mode",
