@@ -1,8 +1,9 @@
 """The LLDS loss inside veRL's own training code, on a CPU (the veRL environment, `make
 test-verl`): veRL 0.9's engine-based actor update (`ActorRolloutRefWorker`, FSDP2 on gloo, its
-micro-batching, loss aggregation and metric reduction) through `llds.integrations.verl_cpu`,
-run by tests/verl_engine_worker.py in its own process; and the example recipe's YAML loaded by
-veRL's own config code."""
+micro-batching, loss aggregation and metric reduction) through `llds.integrations.verl_cpu`;
+veRL's trainer for two steps with `llds.integrations.verl_hf_rollout`, both run by
+tests/verl_worker.py in their own processes; and the example recipe's YAML loaded by veRL's
+own config code."""
 
 from __future__ import annotations
 
@@ -20,21 +21,22 @@ from llds.algo import llds_loss
 pytest.importorskip("verl")  # the veRL environment; the main one skips this file
 
 ROOT = Path(__file__).resolve().parents[1]
-WORKER = ROOT / "tests" / "verl_engine_worker.py"
+WORKER = ROOT / "tests" / "verl_worker.py"
 EXAMPLE = ROOT / "examples" / "verl"
+
+
+def _run_worker(mode: str, out: Path) -> subprocess.CompletedProcess:
+    """tests/verl_worker.py MODE OUT in its own process (veRL's platform and process group are
+    per process)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-W", "ignore", str(WORKER), mode, str(out)]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
 
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("verl_engine")
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
-    ran = subprocess.run(
-        [sys.executable, "-W", "ignore", str(WORKER), str(out)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    ran = _run_worker("engine", out)
     assert ran.returncode == 0, ran.stderr[-6000:]
     return json.loads((out / "results.json").read_text())
 
@@ -103,6 +105,23 @@ def test_llds_metrics_come_out_of_verls_reduction_at_their_value(engine):
     vanilla = engine["runs"]["vanilla"]["metrics"]
     assert not any(k.startswith(("actor/llds_", "actor/lld_premb_")) for k in vanilla)
     assert "actor/pg_loss" in vanilla and "actor/pg_loss" in metrics
+
+
+def test_verls_trainer_runs_two_steps_with_the_llds_loss_and_logs_it(tmp_path):
+    """veRL's own trainer (Ray, the agent loop, the `hf` rollout server, the actor's update,
+    its file logger) for 2 GRPO steps on a CPU: the LLDS loss acts and its metrics reach the
+    log, and the server's sampling log-probs agree with the actor's recomputation."""
+    ran = _run_worker("trainer", tmp_path)
+    log = tmp_path / "metrics.verl.jsonl"
+    assert ran.returncode == 0 and log.exists(), ran.stdout[-3000:] + ran.stderr[-3000:]
+    records = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    assert [r["step"] for r in records] == [1, 2]
+    for record in records:
+        data = record["data"]
+        assert data["actor/llds_loss"] > 0  # 4 optimizer steps per batch: LLDS acts
+        assert data["actor/lld_premb_n_pos"] > 0
+        assert data["training/rollout_probs_diff_max"] < 1e-5
+        assert "critic/score/mean" in data
 
 
 def _example(*overrides: str):

@@ -18,9 +18,18 @@ FIXTURE = Path(__file__).resolve().parent / "fixtures" / "verl_log"
 NATIVE_ONLY = ("lld/disp_pos", "lld/frac_pos_fell", "rollout/valid_searches", "policy/ratio_max")
 
 
-def _raw() -> list[dict]:
-    lines = (FIXTURE / "metrics.verl.jsonl").read_text(encoding="utf-8").splitlines()
+def _raw(folder: Path = FIXTURE) -> list[dict]:
+    lines = (folder / "metrics.verl.jsonl").read_text(encoding="utf-8").splitlines()
     return [json.loads(line) for line in lines if line.strip()]
+
+
+def _verl_rows(folder: Path, run: Path) -> list[dict]:
+    """The report's rows of the veRL log in `folder`, copied into the run directory `run`."""
+    run.mkdir()
+    shutil.copy(folder / "metrics.verl.jsonl", run)
+    source = find_source(run)
+    assert source.kind == "verl-jsonl"
+    return read_source(source)
 
 
 def test_the_log_is_verl_s_own_and_the_lld_rule_reads_its_share(tmp_path):
@@ -28,11 +37,7 @@ def test_the_log_is_verl_s_own_and_the_lld_rule_reads_its_share(tmp_path):
     assert all(set(r) == {"step", "data"} for r in raw)  # veRL's FileLogger records
     assert not any(k in r["data"] for r in raw for k in NATIVE_ONLY)
     run = tmp_path / "verl-run"
-    run.mkdir()
-    shutil.copy(FIXTURE / "metrics.verl.jsonl", run)
-    source = find_source(run)
-    assert source.kind == "verl-jsonl"
-    rows = read_source(source)
+    rows = _verl_rows(FIXTURE, run)
     assert [r["step"] for r in rows] == [r["step"] for r in raw]
     # the share comes from the loss's counts, as the report pools them
     for r, rec in zip(rows, raw, strict=True):
@@ -57,3 +62,26 @@ def test_the_log_is_verl_s_own_and_the_lld_rule_reads_its_share(tmp_path):
     assert f"collapsed at step {collapse}" in page
     assert f"Signatures present before the collapse at step {collapse}" in page
     assert "LLD: LLDS (<code>algo.llds.enabled=true</code>)" in page
+
+
+REAL_RUN = Path(__file__).resolve().parent / "fixtures" / "verl_trainer_log"
+
+
+def test_a_real_verl_trainer_log_is_read_and_the_drawn_log_holds_only_its_keys(tmp_path):
+    """The log of a real veRL trainer run with the LLDS loss (2 steps, CPU, made by
+    `tests/verl_worker.py trainer`) is read as veRL's, its LLD share comes from the loss's
+    counts, the report renders it; and every key of the drawn collapse log above is one this
+    real run logged, so that log holds nothing veRL would not write."""
+    real = _raw(REAL_RUN)
+    assert [r["step"] for r in real] == [1, 2]
+    run = tmp_path / "verl-trainer"
+    rows = _verl_rows(REAL_RUN, run)
+    for row, rec in zip(rows, real, strict=True):
+        d = rec["data"]
+        want = d["actor/lld_premb_n_pos_fell"] / d["actor/lld_premb_n_pos"]
+        assert abs(row["lld/premb_share_pos_fell"] - want) < 1e-12
+    page = write_report([run], tmp_path / "report").read_text(encoding="utf-8")
+    assert "verl-trainer" in page
+    drawn = {k for rec in _raw() for k in rec["data"]}
+    logged = {k for rec in real for k in rec["data"]}
+    assert drawn <= logged, sorted(drawn - logged)

@@ -1,14 +1,19 @@
-"""Worker for tests/test_integrations_verl_engine.py: veRL 0.9's own actor update on a CPU.
+"""veRL 0.9's own training code on a CPU, for tests/test_integrations_verl_engine.py.
 
-Usage: python tests/verl_engine_worker.py OUT_DIR   (in the veRL environment, PYTHONPATH=src)
+Usage (in the veRL environment, PYTHONPATH=src):
+    python tests/verl_worker.py engine OUT_DIR
+    python tests/verl_worker.py trainer OUT_DIR
 
-Builds a tiny random model, then runs veRL's `ActorRolloutRefWorker` (role "actor": its
-`TrainingWorker`, FSDP2 engine on gloo, `ppo_loss` and metric reduction) in this process, driven
-the way `RayPPOTrainer` drives it (`_compute_old_log_prob`, `_update_actor`: DataProto ->
-tensordict without padding -> worker -> `rename_dict` -> `reduce_metrics`), three times from the
-same weights on the same batch: loss_mode vanilla, llds at coefficient 0, llds at 0.2. Every
-call veRL makes to the registered loss is recorded (its tensors, unchanged). Writes
-OUT_DIR/results.json for the test to check.
+`engine`: veRL's `ActorRolloutRefWorker` (role "actor": its `TrainingWorker`, FSDP2 engine on
+gloo, `ppo_loss` and metric reduction) in this process, driven the way `RayPPOTrainer` drives it
+(`_compute_old_log_prob`, `_update_actor`: DataProto -> tensordict without padding -> worker ->
+`rename_dict` -> `reduce_metrics`), three times from the same weights on the same batch:
+loss_mode vanilla, llds at coefficient 0, llds at 0.2. Every call veRL makes to the registered
+loss is recorded (its tensors, unchanged). Writes OUT_DIR/results.json.
+
+`trainer`: veRL's own trainer (`main_ppo`'s `run_ppo` with its `TaskRunner`: Ray, the agent loop,
+the `hf` rollout server of `llds.integrations.verl_hf_rollout`, the actor's update with the LLDS
+loss, its file logger) for 2 GRPO steps. Writes OUT_DIR/metrics.verl.jsonl (veRL's FileLogger).
 """
 
 from __future__ import annotations
@@ -20,16 +25,11 @@ import socket
 import sys
 from pathlib import Path
 
-os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-with socket.socket() as _s:
-    _s.bind(("127.0.0.1", 0))
-    os.environ["MASTER_PORT"] = str(_s.getsockname()[1])
-
 import torch
 
 torch.set_num_threads(1)
-
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 importlib.import_module("llds.integrations.verl_cpu")  # before veRL resolves its platform
 
 import verl  # noqa: E402
@@ -42,6 +42,7 @@ from verl.utils.py_functional import rename_dict  # noqa: E402
 from verl.workers.engine_workers import ActorRolloutRefWorker  # noqa: E402
 from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding  # noqa: E402
 
+from llds.data.world import WorldConfig, generate_world  # noqa: E402
 from llds.models.bpe import train_bpe_tokenizer  # noqa: E402
 from llds.models.tiny import save_tiny, tiny_causal_lm_for  # noqa: E402
 
@@ -60,7 +61,9 @@ def tiny_model(directory: Path) -> Path:
     return save_tiny(model, tok, directory)
 
 
-def verl_config(model_dir: Path, loss_mode: str, llds: dict[str, float] | None = None):
+def verl_config(
+    model_dir: Path, loss_mode: str, llds: dict[str, float] | None = None, extra: list[str] = ()
+):
     """veRL's own trainer config (Hydra compose of its ppo_trainer.yaml), set for a CPU."""
     actor = "actor_rollout_ref.actor"
     overrides = [
@@ -91,6 +94,7 @@ def verl_config(model_dir: Path, loss_mode: str, llds: dict[str, float] | None =
             f"{loss}.loss_mode=llds",
             *[f"+{loss}.{k}={v}" for k, v in (llds or {}).items()],
         ]
+    overrides += list(extra)
     config_dir = Path(verl.__file__).parent / "trainer" / "config"
     with initialize_config_dir(config_dir=str(config_dir), version_base=None):
         return compose(config_name="ppo_trainer", overrides=overrides)
@@ -206,7 +210,11 @@ def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
-def main(out: Path) -> None:
+def engine(out: Path) -> None:
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        os.environ["MASTER_PORT"] = str(free.getsockname()[1])
     model_dir = tiny_model(out / "model")
     config = json.loads((model_dir / "config.json").read_text())
     batch = rollout_batch(config["vocab_size"], config.get("pad_token_id") or 0)
@@ -229,5 +237,102 @@ def main(out: Path) -> None:
     (out / "results.json").write_text(json.dumps(results))
 
 
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}"
+)
+REWARD = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    # a random tiny model never answers: reward an even response length, so that groups are
+    # mixed and GRPO's advantages are not all zero
+    return float(len(solution_str) % 2 == 0)
+"""
+
+
+def trainer_data(directory: Path) -> Path:
+    """Questions of a generated world as veRL's RL parquet files, and a reward function file."""
+    import pandas as pd
+
+    directory.mkdir(parents=True, exist_ok=True)
+    world = generate_world(WorldConfig(seed=3, num_entities=40, num_train=48, num_test=16))
+    for split, questions in (("train", world.train[:8]), ("test", world.test[:4])):
+        rows = [
+            {
+                "data_source": "llds_world",
+                "prompt": [{"role": "user", "content": q.question}],
+                "ability": "qa",
+                "reward_model": {"style": "rule", "ground_truth": q.answers[0]},
+                "extra_info": {"index": i, "split": split},
+            }
+            for i, q in enumerate(questions)
+        ]
+        pd.DataFrame(rows).to_parquet(directory / f"{split}.parquet")
+    (directory / "reward.py").write_text(REWARD)
+    return directory
+
+
+def trainer(out: Path) -> None:
+    """veRL's trainer for 2 GRPO steps with the LLDS loss, as `python -m verl.trainer.main_ppo`
+    runs it (minus Hydra's command line), logging to its file logger."""
+    os.environ["VERL_USE_EXTERNAL_MODULES"] = (
+        "llds.integrations.verl_cpu,llds.integrations.verl_hf_rollout"
+    )
+    os.environ["VERL_FILE_LOGGER_PATH"] = str(out / "metrics.verl.jsonl")
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    importlib.import_module("llds.integrations.verl_hf_rollout")
+    from verl.trainer.main_ppo import run_ppo
+    from verl.trainer.main_ppo_v0 import TaskRunner
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    model_dir = tiny_model(out / "model")
+    data = trainer_data(out / "data")
+    actor, rollout = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
+    config = verl_config(
+        model_dir,
+        "llds",
+        {"llds_coef": 0.2},
+        extra=[
+            f"data.train_files={data / 'train.parquet'}",
+            f"data.val_files={data / 'test.parquet'}",
+            "data.train_batch_size=2",
+            "data.max_prompt_length=64",
+            "data.max_response_length=8",
+            "data.dataloader_num_workers=0",
+            "data.shuffle=False",
+            "algorithm.adv_estimator=grpo",
+            "algorithm.use_kl_in_reward=False",
+            f'+actor_rollout_ref.model.custom_chat_template="{CHAT_TEMPLATE}"',
+            f"{actor}.use_kl_loss=False",
+            f"{rollout}.agent.num_workers=1",
+            f"{rollout}.tensor_model_parallel_size=1",
+            f"{rollout}.dtype=float32",
+            "actor_rollout_ref.ref.fsdp_config.strategy=fsdp2",
+            f"reward.custom_reward_function.path={data / 'reward.py'}",
+            "reward.num_workers=1",
+            "trainer.logger=[console,file]",
+            "trainer.total_training_steps=2",
+            "trainer.total_epochs=1",
+            "trainer.device=cpu",
+            "trainer.val_before_train=False",
+            "trainer.test_freq=-1",
+            "trainer.save_freq=-1",
+            "trainer.use_v1=False",  # veRL's v1 trainer needs the transfer_queue package
+            f"trainer.default_local_dir={out / 'checkpoints'}",
+            # Ray's bookkeeping only: veRL's resource pool counts accelerators ("GPU"), and
+            # each worker bundle asks for 3 CPUs
+            "ray_kwargs.ray_init.num_cpus=4",
+            "+ray_kwargs.ray_init.num_gpus=1",
+            "+ray_kwargs.ray_init.include_dashboard=False",
+        ],
+    )
+    validate_config(
+        config=config,
+        use_reference_policy=need_reference_policy(config),
+        use_critic=need_critic(config),
+    )
+    run_ppo(config, task_runner_class=TaskRunner)
+
+
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    {"engine": engine, "trainer": trainer}[sys.argv[1]](Path(sys.argv[2]))
