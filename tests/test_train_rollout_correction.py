@@ -21,9 +21,11 @@ def _run(tmp_path, small_world, world_tokenizer, world_retriever, monkeypatch, e
     calls: list[dict] = []
     real = pu.grpo_objective
 
-    def spy(*args, **kwargs):
-        calls.append({"loss_mask": args[3].detach().cpu(), **kwargs})
-        return real(*args, **kwargs)
+    def spy(inputs, algo):
+        calls.append(
+            {"loss_mask": inputs.loss_mask.detach().cpu(), "is_weights": inputs.is_weights}
+        )
+        return real(inputs, algo)
 
     monkeypatch.setattr(pu, "grpo_objective", spy)
     overrides = [*TRAIN_BASE, f"run_dir={tmp_path / 'run'}", "steps=1", "algo.llds.coef=0"]
