@@ -48,8 +48,11 @@ class HFRolloutServer:
         torch.manual_seed(int(getattr(config, "seed", 0) or 0) + replica_rank)
 
     def load_weights(self, state: dict[str, torch.Tensor], global_steps: Any = None) -> int:
-        """The actor's weights after its update (veRL's weight sync)."""
-        self.model.load_state_dict(state, strict=False)
+        """The actor's weights after its update (veRL's weight sync). Names the model does not
+        have are an error: skipping them would sample from stale weights without a word."""
+        _, unexpected = self.model.load_state_dict(state, strict=False)
+        if unexpected:
+            raise KeyError(f"weights the rollout model does not have: {unexpected[:5]}")
         self.global_steps = global_steps
         return len(state)
 
