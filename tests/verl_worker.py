@@ -139,8 +139,9 @@ def rollout_batch(vocab: int, pad: int) -> DataProto:
 def old_log_probs(worker, batch: DataProto) -> DataProto:
     """`RayPPOTrainer._compute_old_log_prob` on the engine workers, without Ray."""
     td = left_right_2_no_padding(batch.to_tensordict())
-    tu.assign_non_tensor(td, calculate_entropy=True, calculate_sum_pi_squared=False)
-    tu.assign_non_tensor(td, compute_loss=False)
+    tu.assign_non_tensor(
+        td, calculate_entropy=True, calculate_sum_pi_squared=False, compute_loss=False
+    )
     out = worker.compute_log_prob(td)
     log_probs = no_padding_2_padding(tu.get(out, "log_probs"), td)
     return DataProto.from_dict(tensors={"old_log_probs": log_probs.float()})

@@ -112,9 +112,8 @@ class HFRolloutReplica(RolloutReplica):
     """Launches one `HFRolloutServer` per replica, as a named Ray actor on no accelerator."""
 
     async def launch_servers(self) -> None:
-        config = self.model_config  # the driver's DictConfig; the workers' HFModelConfig
-        path = (config.get("local_path") or config.get("path")) if hasattr(config, "get") else None
-        path = path or config.local_path
+        config = self.model_config  # a DictConfig or veRL's HFModelConfig: both are mappings
+        path = config.get("local_path") or config.get("path")
         server = (
             ray.remote(HFRolloutServer)
             .options(name=_server_name(self.replica_rank), num_cpus=0, max_concurrency=16)
