@@ -51,6 +51,7 @@ def single_turn_config(
     dtype: str = "float32",
     device: str = "auto",
     cache: str = "auto",
+    compile: bool = False,
 ):
     """A validated TrainConfig for a timing benchmark: in-memory model and questions, one turn
     of exactly `tokens` generated tokens per completion (no retrieval), no logging, no
@@ -81,6 +82,7 @@ def single_turn_config(
             temperature=1.0,
             max_rows=prompts * group,
             cache=cache,
+            compile=compile,
         ),
         algo=algo,
         optim=optim,

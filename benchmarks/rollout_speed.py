@@ -110,9 +110,17 @@ def _chunk(name: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
         engines["compiled"] = RolloutEngine(model, tok, retriever, compiled)
     first: dict[str, float] = {}
     batches = {}
-    for kind, engine in engines.items():  # warm-up (the compiled loop compiles here)
+    failed = None
+    for kind, engine in list(engines.items()):  # warm-up (the compiled loop compiles here)
         t0 = time.perf_counter()
-        batches[kind] = engine.generate(requests)
+        try:
+            batches[kind] = engine.generate(requests)
+        except Exception as e:  # the compiled arm may fail where the others run: report it
+            if kind != "compiled":
+                raise
+            failed = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]}"
+            del engines[kind]
+            continue
         first[kind] = time.perf_counter() - t0
     times: dict[str, list[float]] = {kind: [] for kind in engines}
     for _ in range(args.repeats):
@@ -136,7 +144,15 @@ def _chunk(name: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "sampled_tokens": tokens,
         "dynamic": statistics.median(times["dynamic"]),
         "static": statistics.median(times["static"]),
-        "compiled": statistics.median(times["compiled"]) if args.compile else None,
+        "compiled": statistics.median(times["compiled"]) if "compiled" in times else None,
+        "compiled_failed": failed,
+        "compiled_identical": "compiled" in batches
+        and all(
+            a.response_ids == b.response_ids
+            and max((abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)), default=0)
+            < 1e-4
+            for a, b in zip(eager, batches["compiled"].episodes, strict=True)
+        ),
         "first": first,
         "all": times,
         "identical": same,
@@ -178,10 +194,13 @@ def main() -> None:
         )
     for name, r in results.items():
         if r["compiled"] is not None:
+            same = "yes" if r["compiled_identical"] else "no"
             print(
                 f"| {name}, static + `rollout.compile` | | | | | | {r['compiled']:.2f} s | "
-                f"{r['dynamic'] / r['compiled']:.2f}x | {'yes' if r['identical'] else 'no'} |"
+                f"{r['dynamic'] / r['compiled']:.2f}x | {same} |"
             )
+        elif r["compiled_failed"]:
+            print(f"| {name}, static + `rollout.compile` | failed: {r['compiled_failed']} |")
     for name, r in results.items():
         warm = ", ".join(f"{kind} {t:.1f} s" for kind, t in r["first"].items())
         print(f"\n{name}, first call (warm-up, compilation included): {warm}", end="")
@@ -193,7 +212,11 @@ def main() -> None:
     print("\n")
     head = results.get("theorem", next(iter(results.values())))
     print(f"speedup: {head['dynamic'] / head['static']:.2f}x")
-    print(f"identical: {'yes' if all(r['identical'] for r in results.values()) else 'no'}")
+    same = all(
+        r["identical"] and (r["compiled"] is None or r["compiled_identical"])
+        for r in results.values()
+    )
+    print(f"identical: {'yes' if same else 'no'}")
 
 
 if __name__ == "__main__":

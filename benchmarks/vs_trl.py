@@ -18,14 +18,29 @@ completion tokens (P x G x N) plus the real (unpadded) prompt + completion token
 through the optimizer forward+backward; the old-log-prob pass is not counted.
 
     python benchmarks/vs_trl.py [--prompts 8] [--group 4] [--tokens 64] [--mini-batches 2]
-                                [--repeats 3] [--model tiny|smollm2] [--cache auto|dynamic]
+                                [--repeats 3] [--model tiny|smollm2] [--arms auto,recompute,trl]
                                 [--device cpu|cuda] [--shape qwen2.5-0.5b]
+                                [--dtype float32|bfloat16] [--no-cudnn-sdp] [--profile]
+
+Arms (`--arms`, comma-separated, run in this order, each from the same initial weights):
+`auto` and `recompute` are the native trainer with the static decode loop, not compiled
+(`rollout.cache: auto`, `rollout.compile: false`), and pi_old from sampling / recomputed;
+`dynamic` is `auto` with the eager loop (`rollout.cache: dynamic`, the loop before the static
+one); `compiled` and `compiled-recompute` are `auto` and `recompute` with `rollout.compile:
+true` (the default on a GPU, where the decode step is captured in CUDA graphs); `trl` is TRL's
+trainer. Speeds are against `trl`
+when it runs, else against the first arm.
+
+`--dtype bfloat16`: the native trainer's `model.dtype: bfloat16` (float32 master weights, bf16
+autocast) against TRL's `bf16=True` (the same). `--no-cudnn-sdp` switches off cuDNN's attention
+for every arm. `--profile` profiles one more step of the first native arm after its timed steps
+and prints its costliest operators.
 
 `--shape qwen2.5-0.5b` gives the tiny model Qwen2.5-0.5B's body (hidden 896, 24 layers, 14/2
 heads, MLP 4864) with the organism's vocabulary; on a GPU:
 `python benchmarks/vs_trl.py --device cuda --shape qwen2.5-0.5b --prompts 16 --tokens 128
---mini-batches 4 --repeats 2`. `--cache dynamic` runs the native trainer's eager decode loop
-(the comparison before the static loop).
+--mini-batches 4 --repeats 2 --arms dynamic,auto,recompute,compiled,trl`
+(`benchmarks/gpu_fast_rollouts.sh` runs it with the other GPU measurements).
 """
 
 from __future__ import annotations
@@ -77,7 +92,47 @@ def build_model(args: argparse.Namespace) -> tuple[Any, Any, list]:
     return model, tok, list(world.train[: args.prompts])
 
 
-def run_native(model, tok, examples, args, run_dir: str, old_logprobs: str) -> dict[str, Any]:
+NATIVE_ARMS = {
+    # arm: (rollout.cache, rollout.compile, algo.old_logprobs, label)
+    "dynamic": (
+        "dynamic",
+        False,
+        "auto",
+        "llds native GRPO, eager decode loop (pi_old from sampling)",
+    ),
+    "auto": ("auto", False, "auto", "llds native GRPO (pi_old from sampling)"),
+    "recompute": ("auto", False, "recompute", "llds native GRPO (pi_old recomputed, as TRL)"),
+    "compiled": (
+        "static",
+        True,
+        "auto",
+        "llds native GRPO, compiled decode (pi_old from sampling)",
+    ),
+    "compiled-recompute": (
+        "static",
+        True,
+        "recompute",
+        "llds native GRPO, compiled decode (pi_old recomputed)",
+    ),
+}
+
+
+def profile_step(step, device: str, rows: int = 25) -> str:
+    """One call of `step` under torch's profiler: its costliest operators, as a table."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.startswith("cuda")
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        step()
+        if cuda:
+            torch.cuda.synchronize()
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    return prof.key_averages().table(sort_by=key, row_limit=rows)
+
+
+def run_native(model, tok, examples, args, run_dir: str, arm: str) -> dict[str, Any]:
+    cache, compiled, old_logprobs, label = NATIVE_ARMS[arm]
     cfg = single_turn_config(
         run_dir,
         prompts=args.prompts,
@@ -92,22 +147,37 @@ def run_native(model, tok, examples, args, run_dir: str, old_logprobs: str) -> d
         optim=OptimConfig(
             lr=args.lr, weight_decay=0.0, grad_clip=1.0, mini_batches=args.mini_batches
         ),
+        dtype=args.dtype,
         device=args.device,
-        cache=args.cache,
+        cache=cache,
+        compile=compiled,
     )
     trainer = NativeTrainer(cfg, model=model, tokenizer=tok, train_examples=examples, resume=False)
-    times, parts = [], []
+    times, parts, first = [], [], 0.0
     for k in range(1 + args.repeats):
         t0 = time.perf_counter()
         m = trainer.train_step()
         dt = time.perf_counter() - t0
         assert m["rollout/response_tokens"] == args.tokens, "completions are not N tokens long"
-        assert m["policy/old_logprobs_from_rollout"] == (old_logprobs == "auto")
+        if old_logprobs == "recompute":
+            assert not m["policy/old_logprobs_from_rollout"]
         if k:  # the first step is the warm-up
             times.append(dt)
             parts.append(m["time/rollout"])
+        else:
+            first = dt
+    if m["policy/old_logprobs_from_rollout"] != (old_logprobs == "auto"):
+        label += " [pi_old recomputed: the sampling logits do not serve here]"
+    profile = profile_step(trainer.train_step, args.device) if args.profile_arm == arm else None
     prompts = [trainer._prompt_ids(ex) for ex in examples]
-    return {"times": times, "gen": parts, "prompt_ids": prompts}
+    return {
+        "times": times,
+        "gen": parts,
+        "first": first,
+        "prompt_ids": prompts,
+        "label": label,
+        "profile": profile,
+    }
 
 
 def run_trl(model, tok, examples, args, run_dir: str) -> dict[str, Any]:
@@ -170,8 +240,10 @@ def run_trl(model, tok, examples, args, run_dir: str) -> dict[str, Any]:
         max_grad_norm=1.0,
         optim="adamw_torch_fused",
         use_cpu=args.device == "cpu",
-        bf16=False,  # TRL defaults to bf16 autocast and activation checkpointing: ours does
-        gradient_checkpointing=False,  # neither here, so both are off for equal work
+        # TRL defaults to bf16 autocast and activation checkpointing; autocast follows --dtype
+        # (ours: model.dtype), checkpointing is off in both for equal work
+        bf16=args.dtype == "bfloat16",
+        gradient_checkpointing=False,
         seed=0,
         logging_steps=10**6,
         report_to="none",
@@ -197,8 +269,10 @@ def run_trl(model, tok, examples, args, run_dir: str) -> dict[str, Any]:
     return {
         "times": cycles[1:],
         "gen": trainer.gen_times[1:],
+        "first": cycles[0],
         "prompt_ids": prompts,
         "label": f"TRL GRPOTrainer {__version__}",
+        "profile": None,
     }
 
 
@@ -216,22 +290,47 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (both trainers)")
     ap.add_argument("--shape", choices=("tiny", "qwen2.5-0.5b"), default="tiny")
-    ap.add_argument("--cache", choices=("auto", "dynamic"), default="auto", help="native loop")
+    ap.add_argument("--arms", default="auto,recompute,trl", help="comma-separated, in order")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    ap.add_argument("--no-cudnn-sdp", action="store_true", help="no cuDNN attention (GPU)")
+    ap.add_argument("--profile", action="store_true", help="profile one step of the first arm")
     args = ap.parse_args()
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    unknown = sorted(set(arms) - {*NATIVE_ARMS, "trl"})
+    if unknown or not arms:
+        ap.error(f"--arms: unknown {unknown}; choose from {[*NATIVE_ARMS, 'trl']}")
+    native = [a for a in arms if a != "trl"]
+    args.profile_arm = native[0] if args.profile and native else None
     torch.set_num_threads(args.threads)
+    if args.no_cudnn_sdp:
+        torch.backends.cuda.enable_cudnn_sdp(False)
     warnings.filterwarnings("ignore", category=UserWarning)
 
     model, tok, examples = build_model(args)
     model.to(args.device)  # the native trainer keeps an in-memory model where it is
-    results = {}
+    results: dict[str, dict[str, Any]] = {}
+    failed: dict[str, str] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for mode in ("auto", "recompute"):
-            results[mode] = run_native(
-                copy.deepcopy(model), tok, examples, args, f"{tmp}/{mode}", mode
-            )
-        results["trl"] = run_trl(copy.deepcopy(model), tok, examples, args, f"{tmp}/trl")
-    prompts = results["auto"]["prompt_ids"]
-    assert prompts == [list(p) for p in results["trl"]["prompt_ids"]], "prompt tokens differ"
+        for arm in arms:
+            t0 = time.perf_counter()
+            try:
+                if arm == "trl":
+                    results[arm] = run_trl(copy.deepcopy(model), tok, examples, args, f"{tmp}/trl")
+                else:
+                    results[arm] = run_native(
+                        copy.deepcopy(model), tok, examples, args, f"{tmp}/{arm}", arm
+                    )
+            except Exception as e:  # one arm failing (a GPU-only path, say) leaves the others
+                failed[arm] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]}"
+            took = time.perf_counter() - t0
+            print(f"[{arm}] {'failed' if arm in failed else 'done'} in {took:.1f} s", flush=True)
+            if args.device.startswith("cuda"):
+                torch.cuda.empty_cache()
+    if not results:
+        raise SystemExit(f"every arm failed: {failed}")
+    prompt_sets = {arm: [list(p) for p in r["prompt_ids"]] for arm, r in results.items()}
+    prompts = next(iter(prompt_sets.values()))
+    assert all(p == prompts for p in prompt_sets.values()), "prompt tokens differ between arms"
 
     g, n = args.group, args.tokens
     generated = len(prompts) * g * n
@@ -244,7 +343,8 @@ def main() -> None:
         if args.shape == "qwen2.5-0.5b"
         else (f"tiny Qwen2 hidden {args.hidden} x {args.layers} layers")
     )
-    print(f"machine: {machine()}; device {args.device}; native decode loop {args.cache}")
+    cudnn = ", cuDNN attention off" if args.no_cudnn_sdp else ""
+    print(f"\nmachine: {machine()}; device {args.device}; {args.dtype}{cudnn}")
     print(f"command: `python benchmarks/vs_trl.py {' '.join(sys.argv[1:])}`".strip())
     print(
         f"{name} ({params / 1e6:.1f}M params, vocab {len(tok)}), {args.prompts} prompts x "
@@ -252,23 +352,30 @@ def main() -> None:
         f"prompt {min(map(len, prompts))}-{max(map(len, prompts))} tokens; tokens per step: "
         f"{generated:,} generated + {trained:,} trained; median of {args.repeats} after 1 warm-up\n"
     )
+    base_arm = "trl" if "trl" in results else next(iter(results))
     print(
         "| trainer | median step time | generation | rest (old log-probs + updates) "
-        "| tokens/s | speed vs TRL |"
+        f"| tokens/s | speed vs {base_arm} | first step (warm-up) |"
     )
-    print("|---|---|---|---|---|---|")
-    base = statistics.median(results["trl"]["times"])
-    for key, label in (
-        ("auto", "llds native GRPO (pi_old from sampling)"),
-        ("recompute", "llds native GRPO (pi_old recomputed, as TRL)"),
-        ("trl", results["trl"]["label"]),
-    ):
-        t = statistics.median(results[key]["times"])
-        gen = statistics.median(results[key]["gen"])
+    print("|---|---|---|---|---|---|---|")
+    base = statistics.median(results[base_arm]["times"])
+    for r in results.values():
+        t = statistics.median(r["times"])
+        gen = statistics.median(r["gen"])
         print(
-            f"| {label} | {t:.2f} s | {gen:.2f} s | {t - gen:.2f} s | "
-            f"{(generated + trained) / t:,.0f} | {base / t:.2f}x |"
+            f"| {r['label']} | {t:.2f} s | {gen:.2f} s | {t - gen:.2f} s | "
+            f"{(generated + trained) / t:,.0f} | {base / t:.2f}x | {r['first']:.1f} s |"
         )
+    for arm, why in failed.items():
+        print(f"| {arm} | failed: {why} | | | | | |")
+    for arm, r in results.items():
+        steps = " / ".join(f"{t:.2f}" for t in r["times"])
+        gens = " / ".join(f"{t:.2f}" for t in r["gen"])
+        print(f"\n{arm}: steps {steps} s; generation {gens} s", end="")
+    print()
+    for arm, r in results.items():
+        if r["profile"]:
+            print(f"\nprofile of one more step of `{arm}`:\n{r['profile']}")
 
 
 if __name__ == "__main__":

@@ -262,3 +262,34 @@ def test_lld_metrics_of_a_short_run_agree_between_the_loops(
         assert len(lld_keys) >= 4 and lld_keys == sorted(k for k in b if k.startswith("lld/"))
         for key in lld_keys:  # nan where a group has no correct response, in both
             assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-5, nan_ok=True), key
+
+
+def test_one_decoder_serves_every_chunk_and_call(small_world, world_tokenizer, world_retriever):
+    """Chunks of 4 and 2 rows, twice over: one decoder (one cache, the same memory) serves them
+    all, and every rollout is still the eager loop's, token for token. A compiled step's CUDA
+    graphs record the cache's addresses, so a cache made per chunk would re-record them."""
+    tok = world_tokenizer
+    model = tag_happy(make_tiny_model(tok, seed=3), tok)
+    reqs = [
+        dataclasses.replace(r, seed=5 + i)
+        for i, r in enumerate(rollout_requests(small_world, tok, n=6))
+    ]
+    eager = _engine(model, tok, world_retriever, "dynamic", max_rows=4).generate(reqs)
+    engine = _engine(model, tok, world_retriever, "static", max_rows=4)
+    assert _same(eager, engine.generate(reqs))
+    decoder = engine._decoder
+    assert decoder is not None and decoder.rows == 4
+    addresses = [t.data_ptr() for t in (*decoder.keys, *decoder.values)]
+    assert _same(eager, engine.generate(reqs))
+    assert engine._decoder is decoder
+    assert [t.data_ptr() for t in (*decoder.keys, *decoder.values)] == addresses
+
+
+def test_compile_auto_is_off_on_a_cpu_and_asked_for_is_on(world_tokenizer, world_retriever):
+    tok = world_tokenizer
+    model = make_tiny_model(tok, seed=1)
+    assert RolloutConfig().compile == "auto"
+    assert _engine(model, tok, world_retriever, "auto").compile is False
+    assert _engine(model, tok, world_retriever, "auto", compile=True).compile is True
+    # auto beside the eager loop is no contradiction: nothing to compile there
+    assert _engine(model, tok, world_retriever, "dynamic", compile="auto").compile is False

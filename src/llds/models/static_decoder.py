@@ -95,6 +95,11 @@ class StaticDecoder:
     `starts[b]..` and returns the logits after its last one; `step(tokens, positions)` writes
     one token per row at slot `positions[b]` and returns the next logits. Both return float32
     `[rows, vocab]`.
+
+    One decoder serves one chunk after another (its first rows, however many the chunk has):
+    what a row cached before is masked past the row's length and overwritten as it grows, so
+    the cache is allocated once, and a compiled step keeps its graphs (CUDA graphs record the
+    cache's addresses: a new cache per chunk would mean recording them again every chunk).
     """
 
     def __init__(
@@ -106,6 +111,7 @@ class StaticDecoder:
         inner = transformers_model_in(model)
         self.body = inner.model
         self.lm_head = inner.lm_head
+        self.device = next(model.parameters()).device
         self.layers = list(self.body.layers)
         config = inner.config
         self.heads = config.num_attention_heads
@@ -119,12 +125,13 @@ class StaticDecoder:
         self._like = None  # a tensor of the cache's dtype and device, once known
         self._rope: tuple[Tensor, Tensor] | None = None  # cos/sin of every position
         self.bucket = COMPILED_KEY_BUCKET if compile else KEY_BUCKET
+        self._graphs = compile and next(model.parameters()).is_cuda
         self._step = self._decode
         if compile:
             # on a GPU with CUDA graphs: the step's launches replayed at once instead of one
             # host call per kernel; shapes that change (rows, key bucket) become dynamic after
             # their first recompilation
-            mode = "reduce-overhead" if next(model.parameters()).is_cuda else None
+            mode = "reduce-overhead" if self._graphs else None
             self._step = torch.compile(self._decode, mode=mode, dynamic=None)
 
     # ------------------------------------------------------------------ cache
@@ -149,6 +156,15 @@ class StaticDecoder:
         for new, prev in zip((*self.keys, *self.values), (*old_keys, *old_values), strict=False):
             new[:, :, :old] = prev
         self.slots = torch.arange(capacity, device=self._like.device)
+        self._static(*self.keys, *self.values, self.slots)
+
+    def _static(self, *tensors: Tensor) -> None:
+        """Under CUDA graphs, tensors the step reads or writes in place must keep one address:
+        marked, the graphs use them where they are instead of copying the whole cache into
+        graph-owned buffers at every replay (or refusing to capture a step that writes it)."""
+        if self._graphs:
+            for t in tensors:
+                torch._dynamo.mark_static_address(t)
 
     def _allocate(self, like: Tensor) -> None:
         self._like = like
@@ -194,6 +210,8 @@ class StaticDecoder:
         float32 logits."""
         self.reserve(bound)
         keys_to = min(self.capacity, -(-bound // self.bucket) * self.bucket)
+        if self._graphs:  # the last step's logits (graph-owned memory) are consumed by now
+            torch.compiler.cudagraph_mark_step_begin()
         return self._step(tokens, positions, keys_to)
 
     def _decode(self, tokens: Tensor, positions: Tensor, keys_to: int) -> Tensor:
@@ -246,6 +264,7 @@ class StaticDecoder:
             every = torch.arange(self.limit, device=hidden.device)[None]
             cos, sin = rotary(hidden, every)
             self._rope = (cos[0], sin[0])
+            self._static(*self._rope)
         at = positions.clamp(max=self.limit - 1)  # a padding column may run past the end
         return self._rope[0][at], self._rope[1][at]
 

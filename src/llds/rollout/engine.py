@@ -30,7 +30,7 @@ from llds.env.observation import information_block, invalid_action_message
 from llds.env.rewards import FormatRewardConfig, final_answer, score_answer
 from llds.env.transition import step as env_step
 from llds.errors import ConfigError
-from llds.models.static_decoder import static_decode_unsupported
+from llds.models.static_decoder import StaticDecoder, static_decode_unsupported
 from llds.retrieval.base import Retriever
 from llds.rollout.batch import Episode, RolloutBatch
 from llds.rollout.config import RolloutConfig
@@ -87,7 +87,12 @@ class RolloutEngine:
         self.compact = device.type == "cpu"
         """static loop: finished rows leave the computed rows (fewer rows to compute, on a CPU)
         rather than being masked (fixed shapes for a compiled step, and on a GPU)"""
+        self.compile = self.cache == "static" and (
+            device.type == "cuda" if self.config.compile == "auto" else self.config.compile
+        )
+        """`rollout.compile`; `auto`: on a GPU (CUDA graphs), not on a CPU"""
         self._candidates = None
+        self._decoder: StaticDecoder | None = None
         self.stats = {"prefill_tokens": 0, "decode_tokens": 0, "forward_calls": 0}
 
     def _cache_kind(self) -> str:
@@ -156,8 +161,11 @@ class RolloutEngine:
             self._candidates = stop_candidates(
                 self.tokenizer, self.stop.stop_strings, vocab, self._device()
             )
+        if self._decoder is None or self._decoder.rows < len(prompts):
+            capacity = self.config.max_total_tokens + 1
+            self._decoder = StaticDecoder(self.model, len(prompts), capacity, compile=self.compile)
         return StaticSession(
-            self.model,
+            self._decoder,
             self.config,
             prompts,
             seeds,

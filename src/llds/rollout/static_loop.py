@@ -38,7 +38,7 @@ class StaticSession:
 
     def __init__(
         self,
-        model,
+        decoder: StaticDecoder,
         config: RolloutConfig,
         prompts: Sequence[Sequence[int]],
         seeds: Tensor,
@@ -51,11 +51,11 @@ class StaticSession:
         compact: bool,
         stats: dict[str, int],
     ) -> None:
+        if decoder.rows < len(prompts):
+            raise ValueError(f"a decoder of {decoder.rows} rows cannot serve {len(prompts)}")
         self.cfg = config
-        self.device = next(model.parameters()).device
-        self.decoder = StaticDecoder(
-            model, len(prompts), config.max_total_tokens + 1, compile=config.compile
-        )
+        self.device = decoder.device
+        self.decoder = decoder  # its cache rows [0, len(prompts)) are this chunk's
         self.seeds = seeds.to(self.device)
         self.stop = stop
         self.pad_id = pad_id
