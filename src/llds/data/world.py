@@ -870,7 +870,8 @@ def read_world(folder: str | Path) -> World:
     return world
 
 
-def _flashrag_row(ex: QAExample) -> dict[str, Any]:
+def flashrag_row(ex: QAExample) -> dict[str, Any]:
+    """One question as a FlashRAG jsonl row (what `load_examples` reads back)."""
     return {
         "id": ex.id,
         "question": ex.question,
@@ -886,8 +887,8 @@ def write_world(world: World, out_dir: str | Path) -> dict[str, Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = {name: out / f"{name}.jsonl" for name in ("corpus", "train", "test")}
     write_jsonl(paths["corpus"], world.corpus)
-    write_jsonl(paths["train"], (_flashrag_row(ex) for ex in world.train))
-    write_jsonl(paths["test"], (_flashrag_row(ex) for ex in world.test))
+    write_jsonl(paths["train"], (flashrag_row(ex) for ex in world.train))
+    write_jsonl(paths["test"], (flashrag_row(ex) for ex in world.test))
     paths["world"] = out / "world.json"
     write_json(
         paths["world"],
