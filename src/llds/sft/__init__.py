@@ -182,6 +182,8 @@ def run(cfg: SFTConfig) -> dict[str, Any]:
         "seed": cfg.seed,
         "think_bank": cfg.think_bank,
         "think_draws": cfg.think_draws,
+        "reading": cfg.reading,
+        "miss_first": cfg.miss_first,
     }
     episodes, stats = build_expert_episodes(train, retriever, tok, **expert)
     for copy_train, copy_retriever in _relabeled_copies(cfg):
@@ -193,7 +195,7 @@ def run(cfg: SFTConfig) -> dict[str, Any]:
     print(
         f"{len(episodes)} trajectories of {stats.kept} questions "
         f"({stats.to_dict()['kept_by_hops']} by hops; "
-        f"{stats.early_answers} stopping early, "
+        f"{stats.early_answers} stopping early, {stats.searched_twice} searching twice, "
         f"{stats.skipped_hops} skipped by max_hops, {stats.skipped_no_gold_in_retrieval} "
         f"without the answer in retrieval), {mean_len:.0f} tokens each on average; "
         f"model {n_params / 1e6:.2f}M parameters"

@@ -81,6 +81,13 @@ class SFTConfig:
     early_answer: float = Field(default=0.0, ge=0, le=1)
     """share of chain trajectories (with `world`) where the expert stops searching early and
     answers with the last name it read (wrong), as untrained models do"""
+    reading: bool = False
+    """real QA (`data`): the expert answers with the answer as the retrieved passage writes it
+    and names the passage it read (`llds.sft.reading`), instead of the answer list's first
+    alias"""
+    miss_first: float = Field(default=0.0, ge=0, le=1)
+    """with `reading`: share of questions where the expert first makes a short search that
+    misses (a few of the question's words), then searches the whole question"""
     loss_on: Literal["actions", "all"] = "actions"
     """tokens trained on: the expert's actions, or all (passages and questions too; grows
     copying in small models)"""
@@ -112,6 +119,10 @@ class SFTConfig:
             raise Invalid("steps", "give steps or epochs, not both")
         if self.steps is None and self.epochs is None:
             raise Invalid("steps", "give steps or epochs")
+        if self.miss_first and not self.reading:
+            raise Invalid("miss_first", "is a setting of the reading expert: set reading=true")
+        if self.reading and self.world:
+            raise Invalid("reading", "is for real QA (data): a world's questions carry hop chains")
 
     def missing(self) -> list[tuple[str, str]]:
         """Required keys left empty (checked by the loader and `validate`)."""

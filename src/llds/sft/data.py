@@ -17,6 +17,12 @@ Where the hops come from:
   contain one of the gold answers (SQuAD-normalized substring): trajectories whose evidence does
   not support the answer would teach the model to answer from nowhere.
 
+With `reading`, the real-QA expert reads: its answer is the span as the passage writes it (not the
+question's wording, not an alias from the answer list), its last thought names the passage it
+read, and with `miss_first` a share of the questions first get a short search that misses (a
+few words of the question, checked against the retriever), then a search with the whole
+question: a warm start that has seen a search fail and a second one succeed.
+
 With `early_answer`, a share of the chain examples is laid out as a hasty demonstrator would do
 them (`early_answer_variant`): fewer searches, then the last name read as the answer. A warm start
 from such data searches well but not always, which leaves RL a behaviour to learn.
@@ -77,6 +83,16 @@ _GUESS = (
     "I think the answer is {answer}.",
     "It should be {answer}.",
 )
+_SEARCH_AGAIN = (
+    "The passages do not mention it. I will search the whole question.",
+    "Nothing here answers it. Let me search the full question.",
+    "These passages miss it. I will try the question itself.",
+)
+_FINAL_FROM_PASSAGE = (
+    "The passage on {title} says {answer}.",
+    "The {title} passage gives {answer}.",
+    "According to the passage about {title}, the answer is {answer}.",
+)
 
 # Everything the expert writes besides names: fit a small tokenizer on it too.
 EXPERT_PHRASES: tuple[str, ...] = (
@@ -86,6 +102,8 @@ EXPERT_PHRASES: tuple[str, ...] = (
     *_QUESTION_SEARCH,
     *_FINAL_FROM_QUESTION,
     *_GUESS,
+    *_SEARCH_AGAIN,
+    *_FINAL_FROM_PASSAGE,
 )
 
 # The paraphrase bank: each reasoning step is a run of slots, each slot a set of interchangeable
@@ -127,6 +145,21 @@ PARAPHRASE_SLOTS: dict[str, tuple[tuple[str, ...], ...]] = {
     "question_search": (_OPENERS, _QUESTION_SEARCH, _CLOSERS),
     "final_from_question": (_OPENERS, _FINAL_FROM_QUESTION, _CONCLUDE),
     "guess": (_OPENERS, _GUESS, _CONCLUDE),
+    "search_again": (
+        _OPENERS,
+        ("The passages do not say.", "Nothing here answers it.", "These passages miss it."),
+        _NEED,
+        _LOOKUP,
+        ("the whole question", "the full question", "the question itself"),
+        (".",),
+        _CLOSERS,
+    ),
+    "final_from_passage": (
+        _OPENERS,
+        ("The passage on {title} says", "The {title} passage gives", "Reading about {title}:"),
+        ("{answer}.",),
+        _CONCLUDE,
+    ),
 }
 """slots of each reasoning step in the `paraphrase` bank"""
 
@@ -205,6 +238,8 @@ _FIXED_STEPS = {
     "question_search": _QUESTION_SEARCH,
     "final_from_question": _FINAL_FROM_QUESTION,
     "guess": _GUESS,
+    "search_again": _SEARCH_AGAIN,
+    "final_from_passage": _FINAL_FROM_PASSAGE,
 }
 ThinkBank = Literal["fixed", "paraphrase", "paraphrase-wide"]
 _SLOTS: dict[str, dict[str, tuple[tuple[str, ...], ...]]] = {
@@ -246,7 +281,11 @@ def think_entropy(example: QAExample, bank: ThinkBank = "fixed") -> float:
     """Entropy in nats of the expert's whole thinking text for `example`: what a perfect
     imitator of the expert would still be uncertain about (names and queries are determined)."""
     chain = _chain(example)
-    if chain is None:
+    plan = _reading(example)
+    if plan is not None:
+        steps = ["question_search", *["search_again"] * (len(plan["queries"]) - 1)]
+        steps.append("final_from_passage")
+    elif chain is None:
         steps = ["question_search", "final_from_question"]
     else:
         steps = ["first_search"] + ["next_search"] * (len(chain) - 1)
@@ -313,6 +352,7 @@ class ExpertDataStats:
     skipped_hops: int = 0
     skipped_no_gold_in_retrieval: int = 0
     early_answers: int = 0
+    searched_twice: int = 0
     kept_by_hops: dict[int, int] = field(default_factory=dict)
 
     def merged(self, other: ExpertDataStats) -> ExpertDataStats:
@@ -327,6 +367,7 @@ class ExpertDataStats:
             skipped_no_gold_in_retrieval=self.skipped_no_gold_in_retrieval
             + other.skipped_no_gold_in_retrieval,
             early_answers=self.early_answers + other.early_answers,
+            searched_twice=self.searched_twice + other.searched_twice,
             kept_by_hops=hops,
         )
 
@@ -337,6 +378,7 @@ class ExpertDataStats:
             "skipped_hops": self.skipped_hops,
             "skipped_no_gold_in_retrieval": self.skipped_no_gold_in_retrieval,
             "early_answers": self.early_answers,
+            "searched_twice": self.searched_twice,
             "kept_by_hops": {str(h): n for h, n in sorted(self.kept_by_hops.items())},
         }
 
@@ -366,15 +408,24 @@ def _chain(example: QAExample) -> list[dict[str, Any]] | None:
     return chain
 
 
+def _reading(example: QAExample) -> dict[str, Any] | None:
+    """The reading plan `reading_example` attached (queries, the passage's title), or None."""
+    return example.metadata.get("reading") if example.metadata else None
+
+
 def expert_hops(example: QAExample) -> int:
     """Number of searches the expert makes: the chain length, or 1 for real QA."""
-    chain = _chain(example)
+    plan, chain = _reading(example), _chain(example)
+    if plan is not None:
+        return len(plan["queries"])
     return 1 if chain is None else len(chain)
 
 
 def expert_queries(example: QAExample) -> list[str]:
     """The expert's search queries, in order."""
-    chain = _chain(example)
+    plan, chain = _reading(example), _chain(example)
+    if plan is not None:
+        return list(plan["queries"])
     return [example.question.strip()] if chain is None else [h["query"].strip() for h in chain]
 
 
@@ -400,9 +451,16 @@ def expert_actions(
         raise DataFormatError(f"example {example.id}: no gold answers")
     rng = _rng_for(example, seed, draw)
     answer = example.answers[0].strip()
-    chain = _chain(example)
+    chain, plan = _chain(example), _reading(example)
     actions: list[str] = []
-    if chain is None:
+    if plan is not None:
+        first, *again = plan["queries"]
+        searches = [(think_text("question_search", rng, think_bank), first)]
+        searches += [(think_text("search_again", rng, think_bank), q) for q in again]
+        final_think = think_text(
+            "final_from_passage", rng, think_bank, title=plan["title"], answer=answer
+        )
+    elif chain is None:
         searches = [(think_text("question_search", rng, think_bank), example.question.strip())]
         final_think = think_text("final_from_question", rng, think_bank, answer=answer)
     else:
@@ -533,6 +591,8 @@ def build_expert_episodes(
     seed: int = 0,
     think_bank: ThinkBank = "fixed",
     think_draws: int = 1,
+    reading: bool = False,
+    miss_first: float = 0.0,
 ) -> tuple[list[ExpertEpisode], ExpertDataStats]:
     """Expert trajectories for many examples, with all searches sent to the retriever at once.
 
@@ -543,13 +603,25 @@ def build_expert_episodes(
     `think_draws` lays out each kept example that many times, each with its own draw of the
     thinking text (the same searches and passages): with one draw per question, a model trained
     for many epochs memorizes which phrasing goes with which question and loses the bank's
-    entropy.
+    entropy. `reading` (real QA only) makes the expert read (`llds.sft.reading`): the passage's
+    span as the answer, the passage named, and with `miss_first` that share of the questions
+    searched twice, a short search that misses first.
     """
     if not 0.0 <= early_answer <= 1.0:
         raise ValueError(f"early_answer must be in [0, 1], got {early_answer}")
     if think_draws < 1:
         raise ValueError(f"think_draws must be at least 1, got {think_draws}")
     stats = ExpertDataStats(considered=len(examples))
+    if reading:
+        from llds.sft.reading import reading_examples
+
+        if any(_chain(ex) is not None for ex in examples):
+            raise DataFormatError("reading=true is for real QA: these examples carry hop chains")
+        examples, counts = reading_examples(
+            examples, retriever, topk=topk, miss_first=miss_first, seed=seed
+        )
+        stats.skipped_no_gold_in_retrieval += counts["no_span"]
+        stats.searched_twice += counts["searched_twice"]
     chosen: list[QAExample] = []
     for ex in examples:
         if max_hops is not None and expert_hops(ex) > max_hops:
@@ -573,7 +645,7 @@ def build_expert_episodes(
         if num_examples is not None and stats.kept >= num_examples:
             break
         hits = results[lo:hi]
-        if _chain(ex) is None and not retrieval_contains_gold(hits[0], ex.answers):
+        if _chain(ex) is None and not retrieval_contains_gold(hits[-1], ex.answers):
             stats.skipped_no_gold_in_retrieval += 1
             continue
         for draw in range(think_draws):
