@@ -201,6 +201,10 @@ def test_compiled_step_samples_what_the_eager_loop_samples(
     eager = _engine(model, tok, world_retriever, "dynamic", **settings).generate(reqs)
     compiled = _engine(model, tok, world_retriever, "static", compile=True, **settings)
     assert _same(eager, compiled.generate(reqs))
+    # the compilation's one-time cost is measured (the trainer logs it as time/rollout_compile)
+    first = compiled.compile_seconds
+    assert first > 0
+    assert _engine(model, tok, world_retriever, "static", **settings).compile_seconds == 0
     with pytest.raises(ValueError, match="compile"):
         RolloutConfig(cache="dynamic", compile=True)
 

@@ -65,6 +65,8 @@ def test_two_steps_log_metrics_and_checkpoint(
     assert "lld/hidden_cos_correct_incorrect" in logged[0]
     assert "lld/hidden_cos_correct_incorrect" not in logged[1]
     assert rows[0]["optim/updates"] == 2
+    # no compiled decode step on a CPU by default: nothing compiled, nothing logged as such
+    assert [r["time/rollout_compile"] for r in logged] == [0.0, 0.0]
     assert any(not torch.equal(a, b) for a, b in zip(before, tr.model.parameters(), strict=True))
     assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "step_000002"
 

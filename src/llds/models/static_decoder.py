@@ -23,6 +23,8 @@ The logits are those of the transformers forward to float rounding (tests compar
 
 from __future__ import annotations
 
+import time
+
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
@@ -83,6 +85,13 @@ def _lora_wrapper(model: nn.Module) -> bool:
     return all(str(getattr(c, "peft_type", "")).endswith("LORA") for c in configs.values())
 
 
+def _graphs_compiled() -> int:
+    """How many graphs `torch.compile` has made in this process so far."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
 def _rotate_half(x: Tensor) -> Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -126,6 +135,9 @@ class StaticDecoder:
         self._rope: tuple[Tensor, Tensor] | None = None  # cos/sin of every position
         self.bucket = COMPILED_KEY_BUCKET if compile else KEY_BUCKET
         self._graphs = compile and next(model.parameters()).is_cuda
+        self._compiled = compile
+        self.compile_seconds = 0.0
+        """wall time of the step calls that compiled a graph (the first, and new shapes')"""
         self._step = self._decode
         if compile:
             # on a GPU with CUDA graphs: the step's launches replayed at once instead of one
@@ -212,7 +224,15 @@ class StaticDecoder:
         keys_to = min(self.capacity, -(-bound // self.bucket) * self.bucket)
         if self._graphs:  # the last step's logits (graph-owned memory) are consumed by now
             torch.compiler.cudagraph_mark_step_begin()
-        return self._step(tokens, positions, keys_to)
+        if not self._compiled:
+            return self._step(tokens, positions, keys_to)
+        before, started = _graphs_compiled(), time.perf_counter()
+        logits = self._step(tokens, positions, keys_to)
+        if _graphs_compiled() != before:
+            if logits.is_cuda:
+                torch.cuda.synchronize(logits.device)
+            self.compile_seconds += time.perf_counter() - started
+        return logits
 
     def _decode(self, tokens: Tensor, positions: Tensor, keys_to: int) -> Tensor:
         pos = positions[:, None]

@@ -93,6 +93,7 @@ class RolloutEngine:
         """`rollout.compile`; `auto`: on a GPU (CUDA graphs), not on a CPU"""
         self._candidates = None
         self._decoder: StaticDecoder | None = None
+        self._compile_seconds_before = 0.0  # of decoders replaced by a larger one
         self.stats = {"prefill_tokens": 0, "decode_tokens": 0, "forward_calls": 0}
 
     def _cache_kind(self) -> str:
@@ -111,6 +112,13 @@ class RolloutEngine:
         return "static" if reason is None and not eager_only else "dynamic"
 
     # ------------------------------------------------------------------ public
+    @property
+    def compile_seconds(self) -> float:
+        """Seconds the rollouts so far spent compiling the decode step (0 when not compiled):
+        a one-time cost, paid again only for a new shape."""
+        own = self._decoder.compile_seconds if self._decoder is not None else 0.0
+        return self._compile_seconds_before + own
+
     @torch.no_grad()
     def generate(
         self, requests: Sequence[RolloutRequest], *, generator: torch.Generator | None = None
@@ -162,6 +170,8 @@ class RolloutEngine:
                 self.tokenizer, self.stop.stop_strings, vocab, self._device()
             )
         if self._decoder is None or self._decoder.rows < len(prompts):
+            if self._decoder is not None:
+                self._compile_seconds_before += self._decoder.compile_seconds
             capacity = self.config.max_total_tokens + 1
             self._decoder = StaticDecoder(self.model, len(prompts), capacity, compile=self.compile)
         return StaticSession(

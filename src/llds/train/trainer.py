@@ -106,6 +106,7 @@ class GRPOTrainer:
         self.template = build.prompt_template(cfg)
         self._prompt_cache: dict[str, list[int]] = {}
         self.engine = build.rollout_engine(cfg, self.sampler.model, self.tokenizer, self.retriever)
+        self._compile_seconds = 0.0  # the engine's compile time already logged
         self.protocol = build.protocol(cfg, self.template)
         self.evaluator = build.periodic_evaluator(
             cfg,
@@ -273,8 +274,12 @@ class GRPOTrainer:
     def _step_info(self, batch: RolloutBatch, times: PhaseTimes, from_rollout: bool):
         """The step's bookkeeping metrics: throughput, learning rate, where pi_old came from."""
         model_tokens = int(batch.loss_mask.sum())
+        compiled = self.engine.compile_seconds
+        compile_s, self._compile_seconds = compiled - self._compile_seconds, compiled
         return {
             "throughput/rollout_tokens_per_s": model_tokens / max(times.seconds["rollout"], 1e-9),
+            # part of time/rollout: compiling the decode step (rollout.compile), once per run
+            "time/rollout_compile": compile_s,
             "lr": self.scheduler.get_last_lr()[0],
             "policy/old_logprobs_from_rollout": float(from_rollout),
             "dist/processes": self.dist.world,
