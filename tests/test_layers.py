@@ -28,7 +28,7 @@ LAYERS = {
     "models": 2,
     "runs": 2,
     "env": 3,
-    "data": 3,
+    "data": 4,
     "rollout": 4,
     "monitor": 5,
     "policy": 5,
