@@ -2,9 +2,10 @@
 # The rollout-speed measurements on one GPU, in one command that fits about ten minutes:
 #   1. the native trainer (eager loop, static loop, compiled static loop; pi_old from sampling
 #      and recomputed) against TRL's GRPOTrainer at equal work, float32, on the 0.5B shape;
-#   2. the same in bf16 (float32 masters and autocast in both), with a profile of the native step;
+#   2. the same in bf16 (float32 masters and autocast in both), the native update also without
+#      the shared-prompt pass (one model call per micro-batch, as TRL);
 #   3. one chunk of the theorem study's rollouts: eager vs static vs compiled, same seeds;
-#   4. bf16 again without cuDNN's attention kernel (native and TRL).
+#   4. a profile of one bf16 native step (last: torch's profiler has hung on this GPU).
 # Each part runs under its own time limit, in order of importance, and writes its log to OUTDIR
 # as it goes, so a run stopped early keeps what finished.
 #
@@ -39,9 +40,9 @@ print(f"torch {torch.__version__}, transformers {transformers.__version__}, {gpu
 EOF
 part vs_trl_fp32 200 benchmarks/vs_trl.py "${common[@]}" \
     --arms dynamic,auto,recompute,compiled,trl
-part vs_trl_bf16 170 benchmarks/vs_trl.py "${common[@]}" --dtype bfloat16 \
-    --arms auto,compiled,trl --profile
+part vs_trl_bf16 200 benchmarks/vs_trl.py "${common[@]}" --dtype bfloat16 \
+    --arms dynamic,compiled,compiled-unshared,trl
 part rollout_theorem 110 benchmarks/rollout_speed.py --world theorem --device "$dev" \
     --compile --repeats "$repeats" ${THEOREM_MODEL:+--theorem-model "$THEOREM_MODEL"}
-part vs_trl_bf16_nocudnn 90 benchmarks/vs_trl.py "${common[@]}" --dtype bfloat16 \
-    --no-cudnn-sdp --arms auto,trl
+part profile_bf16 60 benchmarks/vs_trl.py "${common[@]}" --dtype bfloat16 --repeats 1 \
+    --arms compiled --profile

@@ -28,8 +28,10 @@ Arms (`--arms`, comma-separated, run in this order, each from the same initial w
 `dynamic` is `auto` with the eager loop (`rollout.cache: dynamic`, the loop before the static
 one); `compiled` and `compiled-recompute` are `auto` and `recompute` with `rollout.compile:
 true` (the default on a GPU, where the decode step is captured in CUDA graphs); `trl` is TRL's
-trainer. Speeds are against `trl`
-when it runs, else against the first arm.
+trainer. Any native arm with `-unshared` appended (`compiled-unshared`) runs the update and
+log-prob passes without running each group's shared prompt once (one model call per micro-batch
+instead of two, as TRL makes). Speeds are against `trl` when it runs, else against the first
+arm.
 
 `--dtype bfloat16`: the native trainer's `model.dtype: bfloat16` (float32 master weights, bf16
 autocast) against TRL's `bf16=True` (the same). `--no-cudnn-sdp` switches off cuDNN's attention
@@ -46,6 +48,7 @@ heads, MLP 4864) with the organism's vocabulary; on a GPU:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import statistics
 import sys
@@ -131,8 +134,43 @@ def profile_step(step, device: str, rows: int = 25) -> str:
     return prof.key_averages().table(sort_by=key, row_limit=rows)
 
 
+UNSHARED = "-unshared"
+
+
+def native_arm(arm: str) -> bool:
+    return arm.removesuffix(UNSHARED) in NATIVE_ARMS
+
+
+@contextlib.contextmanager
+def prompts_unshared(on: bool):
+    """Within: the trainer's forward passes run every row's prompt (no shared prompt pass)."""
+    if not on:
+        yield
+        return
+    import llds.policy.forward as forward
+    import llds.train.policy_update as update
+
+    original = forward.response_log_probs
+
+    def unshared(*a: Any, **k: Any):
+        return original(*a, **{**k, "share_prompts": False})
+
+    forward.response_log_probs = update.response_log_probs = unshared
+    try:
+        yield
+    finally:
+        forward.response_log_probs = update.response_log_probs = original
+
+
 def run_native(model, tok, examples, args, run_dir: str, arm: str) -> dict[str, Any]:
-    cache, compiled, old_logprobs, label = NATIVE_ARMS[arm]
+    with prompts_unshared(arm.endswith(UNSHARED)):
+        return _run_native(model, tok, examples, args, run_dir, arm)
+
+
+def _run_native(model, tok, examples, args, run_dir: str, arm: str) -> dict[str, Any]:
+    cache, compiled, old_logprobs, label = NATIVE_ARMS[arm.removesuffix(UNSHARED)]
+    if arm.endswith(UNSHARED):
+        label += ", prompts not shared"
     cfg = single_turn_config(
         run_dir,
         prompts=args.prompts,
@@ -296,9 +334,9 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="profile one step of the first arm")
     args = ap.parse_args()
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
-    unknown = sorted(set(arms) - {*NATIVE_ARMS, "trl"})
+    unknown = sorted(a for a in arms if a != "trl" and not native_arm(a))
     if unknown or not arms:
-        ap.error(f"--arms: unknown {unknown}; choose from {[*NATIVE_ARMS, 'trl']}")
+        ap.error(f"--arms: unknown {unknown}; choose from {[*NATIVE_ARMS, 'trl']} (+{UNSHARED})")
     native = [a for a in arms if a != "trl"]
     args.profile_arm = native[0] if args.profile and native else None
     torch.set_num_threads(args.threads)
