@@ -118,3 +118,28 @@ def test_reading_settings_that_would_do_nothing_are_refused(tmp_path):
         load_sft_config(None, [f"out={tmp_path}", "data=q.jsonl", "miss_first=0.5"])
     with pytest.raises(ConfigError, match="reading"):
         load_sft_config(None, [f"out={tmp_path}", "world=w", "reading=true"])
+
+
+def test_the_banks_phrase_lists_are_what_small_tokenizers_were_fitted_on():
+    """The phrase lists a small tokenizer is fitted on are pinned: a phrase added to a bank
+    changes every tiny tokenizer, hence the demo's and the theorem study's warm starts. The
+    reading expert's phrasings join them only for a warm start that reads."""
+    import hashlib
+    import json
+
+    from llds.sft.data import tokenizer_phrases
+
+    digests = {
+        bank: hashlib.sha256(json.dumps(tokenizer_phrases(bank)).encode()).hexdigest()[:16]
+        for bank in ("fixed", "paraphrase", "paraphrase-wide")
+    }
+    assert digests == {
+        "fixed": "631f87c47f183b8c",
+        "paraphrase": "26cfb6e257eeb077",
+        "paraphrase-wide": "9a2d2343680d4309",
+    }
+    passage = "The passage on {title} says {answer}."
+    assert passage not in tokenizer_phrases("fixed")
+    assert passage in tokenizer_phrases("fixed", reading=True)
+    assert " The passage on {title} says" in tokenizer_phrases("paraphrase", reading=True)
+    assert " The passage on {title} says" not in tokenizer_phrases("paraphrase")

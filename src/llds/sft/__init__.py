@@ -38,13 +38,13 @@ def _load_examples(cfg: SFTConfig) -> tuple[list[Any], list[Any], str | None]:
     return load_examples(cfg.data), [], None
 
 
-def _tokenizer_texts(template: Any, think_bank: Any = "fixed") -> list[str]:
+def _tokenizer_texts(template: Any, think_bank: Any = "fixed", reading: bool = False) -> list[str]:
     """Text the tiny model will read besides the corpus: the prompt and the expert phrasing."""
     from llds.env.prompts import DEFAULT_INSTRUCTION
     from llds.sft.data import tokenizer_phrases
 
     prompt = DEFAULT_INSTRUCTION if template is None else template.text
-    phrases = tokenizer_phrases(think_bank)
+    phrases = tokenizer_phrases(think_bank, reading=reading)
     return [prompt] * 5 + phrases
 
 
@@ -56,6 +56,7 @@ def tiny_tokenizer(
     template: Any = None,
     name_tokens: bool = True,
     think_bank: Any = "fixed",
+    reading: bool = False,
 ) -> Any:
     """BPE fitted to the corpus, the training questions, the prompt and the expert phrasing.
 
@@ -69,7 +70,9 @@ def tiny_tokenizer(
     from llds.retrieval.corpus import read_corpus
 
     passages = [p.contents for p in read_corpus(corpus)]
-    texts = passages + [ex.question for ex in train] + _tokenizer_texts(template, think_bank)
+    texts = (
+        passages + [ex.question for ex in train] + _tokenizer_texts(template, think_bank, reading)
+    )
     names: list[str] = []
     if name_tokens:
         titles = (Hit("", text, 0.0).title.strip() for text in passages)
@@ -91,6 +94,7 @@ def tiny_model_and_tokenizer(
         template=template,
         name_tokens=cfg.name_tokens,
         think_bank=cfg.think_bank,
+        reading=cfg.reading,
     )
     model = tiny_causal_lm_for(
         tok,

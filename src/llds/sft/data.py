@@ -102,8 +102,6 @@ EXPERT_PHRASES: tuple[str, ...] = (
     *_QUESTION_SEARCH,
     *_FINAL_FROM_QUESTION,
     *_GUESS,
-    *_SEARCH_AGAIN,
-    *_FINAL_FROM_PASSAGE,
 )
 
 # The paraphrase bank: each reasoning step is a run of slots, each slot a set of interchangeable
@@ -145,6 +143,9 @@ PARAPHRASE_SLOTS: dict[str, tuple[tuple[str, ...], ...]] = {
     "question_search": (_OPENERS, _QUESTION_SEARCH, _CLOSERS),
     "final_from_question": (_OPENERS, _FINAL_FROM_QUESTION, _CONCLUDE),
     "guess": (_OPENERS, _GUESS, _CONCLUDE),
+}
+"""slots of each reasoning step in the `paraphrase` bank"""
+READING_SLOTS: dict[str, tuple[tuple[str, ...], ...]] = {
     "search_again": (
         _OPENERS,
         ("The passages do not say.", "Nothing here answers it.", "These passages miss it."),
@@ -161,7 +162,8 @@ PARAPHRASE_SLOTS: dict[str, tuple[tuple[str, ...], ...]] = {
         _CONCLUDE,
     ),
 }
-"""slots of each reasoning step in the `paraphrase` bank"""
+"""the reading expert's steps in the paraphrase banks (kept apart: a bank's phrase list, which
+small tokenizers are fitted on, is what it was before the reading expert existed)"""
 
 # The `paraphrase-wide` bank: every free slot of `paraphrase` with as many phrasings again (one
 # or two words each, so each slot stays a token or two). About 0.7 more nats per slot at the
@@ -238,14 +240,20 @@ _FIXED_STEPS = {
     "question_search": _QUESTION_SEARCH,
     "final_from_question": _FINAL_FROM_QUESTION,
     "guess": _GUESS,
-    "search_again": _SEARCH_AGAIN,
-    "final_from_passage": _FINAL_FROM_PASSAGE,
 }
+_READING_FIXED = {"search_again": _SEARCH_AGAIN, "final_from_passage": _FINAL_FROM_PASSAGE}
+READING_PHRASES: tuple[str, ...] = (
+    *_SEARCH_AGAIN,
+    *_FINAL_FROM_PASSAGE,
+    *_slot_phrases(READING_SLOTS),
+)
+"""everything the reading expert writes besides names, in every bank (for fitting a small
+tokenizer that will see it: `tokenizer_phrases(bank, reading=True)`)"""
 ThinkBank = Literal["fixed", "paraphrase", "paraphrase-wide"]
 _SLOTS: dict[str, dict[str, tuple[tuple[str, ...], ...]]] = {
-    "fixed": {step: (phrasings,) for step, phrasings in _FIXED_STEPS.items()},
-    "paraphrase": PARAPHRASE_SLOTS,
-    "paraphrase-wide": WIDE_SLOTS,
+    "fixed": {step: (phrasings,) for step, phrasings in {**_FIXED_STEPS, **_READING_FIXED}.items()},
+    "paraphrase": {**PARAPHRASE_SLOTS, **READING_SLOTS},
+    "paraphrase-wide": {**WIDE_SLOTS, **READING_SLOTS},
 }
 _PHRASES: dict[str, tuple[str, ...]] = {
     "fixed": EXPERT_PHRASES,
@@ -264,12 +272,14 @@ def bank_phrases(bank: ThinkBank) -> tuple[str, ...]:
     return _PHRASES[bank]
 
 
-def tokenizer_phrases(bank: ThinkBank) -> list[str]:
+def tokenizer_phrases(bank: ThinkBank, *, reading: bool = False) -> list[str]:
     """The bank's phrasings as a small tokenizer should see them: the paraphrase bank's
-    `TOKENIZER_REPEATS` times, each after a space as the expert writes it."""
+    `TOKENIZER_REPEATS` times, each after a space as the expert writes it; with `reading`, the
+    reading expert's too."""
+    extra = list(READING_PHRASES) if reading else []
     if bank == "fixed":
-        return list(EXPERT_PHRASES)
-    return [f" {p}" for p in _PHRASES[bank]] * TOKENIZER_REPEATS
+        return [*EXPERT_PHRASES, *extra]
+    return [f" {p}" for p in (*_PHRASES[bank], *extra)] * TOKENIZER_REPEATS
 
 
 def step_entropy(step: str, bank: ThinkBank = "fixed") -> float:
@@ -297,7 +307,7 @@ def think_text(step: str, rng: random.Random, bank: ThinkBank = "fixed", **refs:
     """One reasoning step's text: a phrasing drawn from the `fixed` bank (three per step), or
     one draw per slot of a paraphrase bank joined by spaces."""
     if bank == "fixed":
-        return rng.choice(_FIXED_STEPS[step]).format(**refs)
+        return rng.choice({**_FIXED_STEPS, **_READING_FIXED}[step]).format(**refs)
     picks = (rng.choice(slot) for slot in _SLOTS[bank][step])
     return " ".join(p for p in picks if p).replace(" .", ".").format(**refs)
 
