@@ -70,6 +70,17 @@ def _model(args: argparse.Namespace, name: str, sft_preset: str, world, work: Pa
     return tiny_model_and_tokenizer(cfg, str(work / "world" / "corpus.jsonl"), world.train)
 
 
+def _same_rollouts(eager, other) -> bool:
+    """Every rollout's ids, masks and stop reason equal, sampling log-probs to 1e-4."""
+    return all(
+        a.response_ids == b.response_ids
+        and a.action_mask == b.action_mask
+        and a.stop_reason == b.stop_reason
+        and max((abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)), default=0) < 1e-4
+        for a, b in zip(eager, other, strict=True)
+    )
+
+
 def _chunk(name: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     preset, train_config, sft_preset = WORLDS[name]
     world = generate_world(WorldConfig.preset(preset))
@@ -129,13 +140,6 @@ def _chunk(name: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
             batches[kind] = engine.generate(requests)
             times[kind].append(time.perf_counter() - t0)
     eager, fast = batches["dynamic"].episodes, batches["static"].episodes
-    same = all(
-        a.response_ids == b.response_ids
-        and a.action_mask == b.action_mask
-        and a.stop_reason == b.stop_reason
-        and max((abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)), default=0) < 1e-4
-        for a, b in zip(eager, fast, strict=True)
-    )
     tokens = sum(sum(e.action_mask) for e in fast)
     return {
         "rows": len(requests),
@@ -147,15 +151,10 @@ def _chunk(name: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "compiled": statistics.median(times["compiled"]) if "compiled" in times else None,
         "compiled_failed": failed,
         "compiled_identical": "compiled" in batches
-        and all(
-            a.response_ids == b.response_ids
-            and max((abs(x - y) for x, y in zip(a.logprobs, b.logprobs, strict=True)), default=0)
-            < 1e-4
-            for a, b in zip(eager, batches["compiled"].episodes, strict=True)
-        ),
+        and _same_rollouts(eager, batches["compiled"].episodes),
         "first": first,
         "all": times,
-        "identical": same,
+        "identical": _same_rollouts(eager, fast),
     }
 
 

@@ -19,6 +19,7 @@ Writes `SFT_OUT/readiness.json` and prints its table. Needs the optional package
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -94,10 +95,7 @@ def measure(args: argparse.Namespace, data: Path, index: Path, out: Path) -> Non
     model, tok = load_policy(str(out / "model"))
     examples = load_examples(data / f"{args.split}.jsonl")
     retriever = open_retriever(str(index))
-    rollout = load_config("smollm2-wiki-rl").rollout
-    import dataclasses
-
-    rollout = dataclasses.replace(rollout, topk=3, max_rows=64)
+    rollout = dataclasses.replace(load_config("smollm2-wiki-rl").rollout, topk=3, max_rows=64)
     got = readiness(model, tok, retriever, examples, rollout, samples=args.samples)
     result = {
         "machine": machine(),
