@@ -148,3 +148,13 @@ def test_resume_from_a_config_without_the_new_keys_is_no_change():
     turned_on = load_config(None, ["algo.rollout_correction.mode=tis", *copy])
     _, asked = resume_changes(to_dict(load_config(None, copy)), turned_on, TrainConfig())
     assert [key for key, _, _ in asked] == ["algo.rollout_correction.mode"]
+
+
+def test_resume_may_change_how_rollouts_decode_without_asking():
+    before = ["rollout.compile=false", "rollout.cache=dynamic", *TRAIN_BASE]
+    saved = to_dict(load_config(None, before))
+    requested = load_config(None, ["rollout.compile=auto", "rollout.cache=auto", *TRAIN_BASE])
+    requested.steps += 1
+    free, asked = resume_changes(saved, requested, TrainConfig())
+    assert sorted(key for key, _, _ in free) == ["rollout.cache", "rollout.compile", "steps"]
+    assert asked == []

@@ -51,11 +51,16 @@ ALWAYS_ALLOWED = (
     "keep_checkpoints",
     "logging",
     "make_inputs",
+    "rollout.cache",
+    "rollout.compile",
 )
 """Keys a resume may change without permission: none of them changes what a step computes.
 `steps` extends (or shortens) the run; with a decaying schedule or `optim.warmup_ratio` the
 learning rate of the remaining steps follows the new total. `run_dir` changes when a run
-directory is moved; `threads`, checkpointing and logging change how, not what, is trained."""
+directory is moved; `threads`, checkpointing and logging change how, not what, is trained;
+so do the decode loop's cache and compilation (`rollout.cache`, `rollout.compile`), whose
+rollouts are the eager loop's token for token (tested), up to float rounding as with `threads`
+(a run begun before `compile` defaulted to `auto` resumes without asking)."""
 
 ALL = "all"
 
