@@ -469,6 +469,32 @@ def test_background_runs_are_library_calls(tmp_path, small_world, world_tokenize
         assert logged[-1]["policy/pg_loss"] == pytest.approx(rows[-1]["policy/pg_loss"], abs=1e-6)
 
 
+@pytest.mark.slow
+def test_a_queue_stops_at_its_deadline(tmp_path, small_world, world_tokenizer):
+    """`run_queue(deadline=...)`: the running run is terminated (no child left), the one not
+    started stays so, both are returned as unfinished; `on_poll` runs at every poll."""
+    import multiprocessing
+    import time
+
+    from llds.train.background import run_queue
+
+    cfg_path = write_run_inputs(tmp_path, small_world, world_tokenizer, steps=100_000)
+    jobs = [
+        (load_config(cfg_path, [f"run_dir={tmp_path / name}"]), tmp_path / f"{name}.log")
+        for name in ("long", "queued")
+    ]
+    polls: list[float] = []
+    start = time.monotonic()
+    left = run_queue(
+        jobs, parallel=1, poll_s=0.2, deadline=start + 3.0, on_poll=lambda: polls.append(1.0)
+    )
+    assert left == [tmp_path / "long", tmp_path / "queued"]
+    assert 3.0 <= time.monotonic() - start < 60
+    assert len(polls) >= 10
+    assert multiprocessing.active_children() == []
+    assert not (tmp_path / "queued").exists()
+
+
 _STARTER = """
 import sys, time
 from llds.train.background import start_run

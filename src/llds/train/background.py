@@ -19,7 +19,7 @@ import os
 import threading
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 
@@ -81,29 +81,49 @@ def start_run(cfg: TrainConfig, log_path: str | Path) -> BaseProcess:
 
 
 def run_queue(
-    jobs: Sequence[tuple[TrainConfig, str | Path]], parallel: int, *, poll_s: float = 2.0
-) -> None:
+    jobs: Sequence[tuple[TrainConfig, str | Path]],
+    parallel: int,
+    *,
+    poll_s: float = 2.0,
+    deadline: float | None = None,
+    on_poll: Callable[[], None] | None = None,
+) -> list[Path]:
     """Run every `(config, log file)` through `start_run`, at most `parallel` at a time, until
     all have finished; a run that fails stops the queue with an error naming its log. Runs
-    still going when the queue stops (a failure, Ctrl-C) are terminated, not left behind."""
+    still going when the queue stops (a failure, Ctrl-C, the deadline) are terminated, not left
+    behind.
+
+    `deadline` (a `time.monotonic()` value) stops the queue early, for a machine lent for a
+    fixed time: the runs still going are terminated (each keeps its last checkpoint, so starting
+    it again resumes) and those not started stay so. `on_poll` is called after every poll (to
+    write tables as the runs go). Returns the run directories that did not finish."""
     from llds.errors import UserInputError
 
     pending = list(jobs)
-    running: list[tuple[BaseProcess, Path]] = []
+    running: list[tuple[BaseProcess, Path, Path]] = []
     try:
         while pending or running:
             while pending and len(running) < max(1, parallel):
                 cfg, log = pending.pop(0)
                 print(f"start {cfg.run_dir} (log: {log})", flush=True)
-                running.append((start_run(cfg, log), Path(log)))
+                running.append((start_run(cfg, log), Path(log), Path(cfg.run_dir)))
             time.sleep(poll_s)
-            for proc, log in list(running):
+            for entry in list(running):
+                proc, log, _ = entry
                 if not proc.is_alive():
                     proc.join()
-                    running.remove((proc, log))
+                    running.remove(entry)
                     if proc.exitcode:
                         raise UserInputError(f"a run failed (exit code {proc.exitcode}); see {log}")
+            if on_poll is not None:
+                on_poll()
+            if deadline is not None and time.monotonic() >= deadline and (pending or running):
+                stopped = [run_dir for _, _, run_dir in running]
+                print(f"deadline: stopping {len(stopped)} running, {len(pending)} not started")
+                return stopped + [Path(cfg.run_dir) for cfg, _ in pending]
+        return []
     finally:
-        for proc, _ in running:
-            proc.terminate()
+        for proc, _, _ in running:
+            if proc.is_alive():
+                proc.terminate()
             proc.join()
