@@ -5,7 +5,8 @@
 #   2. the same in bf16 (float32 masters and autocast in both), the native update also without
 #      the shared-prompt pass (one model call per micro-batch, as TRL);
 #   3. one chunk of the theorem study's rollouts: eager vs static vs compiled, same seeds;
-#   4. a profile of one bf16 native step (last: torch's profiler has hung on this GPU).
+#   4. the host-device waits of one more bf16 step, native and TRL (`--count-syncs`; torch's
+#      profiler, `--profile`, hung twice on this GPU).
 # Each part runs under its own time limit, in order of importance, and writes its log to OUTDIR
 # as it goes, so a run stopped early keeps what finished.
 #
@@ -44,5 +45,5 @@ part vs_trl_bf16 200 benchmarks/vs_trl.py "${common[@]}" --dtype bfloat16 \
     --arms dynamic,compiled,compiled-unshared,trl
 part rollout_theorem 110 benchmarks/rollout_speed.py --world theorem --device "$dev" \
     --compile --repeats "$repeats" ${THEOREM_MODEL:+--theorem-model "$THEOREM_MODEL"}
-part profile_bf16 60 benchmarks/vs_trl.py "${common[@]}" --dtype bfloat16 --repeats 1 \
-    --arms compiled --profile
+part syncs_bf16 90 benchmarks/vs_trl.py "${common[@]}" --dtype bfloat16 --repeats 1 \
+    --arms compiled,trl --count-syncs

@@ -21,6 +21,7 @@ through the optimizer forward+backward; the old-log-prob pass is not counted.
                                 [--repeats 3] [--model tiny|smollm2] [--arms auto,recompute,trl]
                                 [--device cpu|cuda] [--shape qwen2.5-0.5b]
                                 [--dtype float32|bfloat16] [--no-cudnn-sdp] [--profile]
+                                [--count-syncs]
 
 Arms (`--arms`, comma-separated, run in this order, each from the same initial weights):
 `auto` and `recompute` are the native trainer with the static decode loop, not compiled
@@ -36,7 +37,10 @@ arm.
 `--dtype bfloat16`: the native trainer's `model.dtype: bfloat16` (float32 master weights, bf16
 autocast) against TRL's `bf16=True` (the same). `--no-cudnn-sdp` switches off cuDNN's attention
 for every arm. `--profile` profiles one more step of the first native arm after its timed steps
-and prints its costliest operators.
+and prints its costliest operators. `--count-syncs` (on a GPU) runs one more step of every arm
+(for TRL, one more generation batch in a new trainer) with CUDA's sync debug mode on and prints
+how many times the host waited for the device, and from where: each wait stalls the queue of
+kernels a host-bound step depends on.
 
 `--shape qwen2.5-0.5b` gives the tiny model Qwen2.5-0.5B's body (hidden 896, 24 layers, 14/2
 heads, MLP 4864) with the organism's vocabulary; on a GPU:
@@ -55,6 +59,8 @@ import sys
 import tempfile
 import time
 import warnings
+from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +140,33 @@ def profile_step(step, device: str, rows: int = 25) -> str:
     return prof.key_averages().table(sort_by=key, row_limit=rows)
 
 
+@contextlib.contextmanager
+def counted_syncs(device: str) -> Iterator[list | None]:
+    """The host-device synchronisations in the block, one recorded warning each (CUDA's sync
+    debug mode); None on a CPU, where there is nothing to wait for."""
+    if not device.startswith("cuda"):
+        yield None
+        return
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield caught
+        finally:
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("default")
+
+
+def sync_summary(caught: list | None, rows: int = 8) -> str:
+    """How many synchronisations, and the source lines that made most of them."""
+    if caught is None:
+        return "not counted (a CPU device: nothing to wait for)"
+    waits = [w for w in caught if "synchroniz" in str(w.message)]
+    where = Counter(f"{Path(w.filename).name}:{w.lineno}" for w in waits)
+    top = ", ".join(f"{k} ({n})" for k, n in where.most_common(rows))
+    return f"{len(waits)} host waits; most from: {top or '-'}"
+
+
 UNSHARED = "-unshared"
 
 
@@ -207,6 +240,11 @@ def _run_native(model, tok, examples, args, run_dir: str, arm: str) -> dict[str,
     if m["policy/old_logprobs_from_rollout"] != (old_logprobs == "auto"):
         label += " [pi_old recomputed: the sampling logits do not serve here]"
     profile = profile_step(trainer.train_step, args.device) if args.profile_arm == arm else None
+    syncs = None
+    if args.count_syncs:
+        with counted_syncs(args.device) as caught:
+            trainer.train_step()
+        syncs = sync_summary(caught)
     prompts = [trainer._prompt_ids(ex) for ex in examples]
     return {
         "times": times,
@@ -215,6 +253,7 @@ def _run_native(model, tok, examples, args, run_dir: str, arm: str) -> dict[str,
         "prompt_ids": prompts,
         "label": label,
         "profile": profile,
+        "syncs": syncs,
     }
 
 
@@ -291,17 +330,29 @@ def run_trl(model, tok, examples, args, run_dir: str) -> dict[str, Any]:
     )
     clock = Clock()
     data = search_r1_rows(examples, TEMPLATE)
-    trainer = Observed(
-        model=model,
-        reward_funcs=search_r1_reward(),
-        args=targs,
-        train_dataset=Dataset.from_list(data),
-        processing_class=tok,
-        callbacks=[clock],
-    )
+
+    def trl_trainer(targs: GRPOConfig, callbacks: list) -> Observed:
+        return Observed(
+            model=model,
+            reward_funcs=search_r1_reward(),
+            args=targs,
+            train_dataset=Dataset.from_list(data),
+            processing_class=tok,
+            callbacks=callbacks,
+        )
+
+    trainer = trl_trainer(targs, [clock])
     prompts = trainer._tokenize_prompts([r["prompt"] for r in data])[0]
     trainer.train()
     assert set(trainer.lengths) == {args.tokens}, "completions are not N tokens long"
+    syncs = None
+    if args.count_syncs:  # one more generation batch, in a trainer of its own
+        once = copy.copy(targs)
+        once.max_steps = m
+        again = trl_trainer(once, [])
+        with counted_syncs(args.device) as caught:
+            again.train()
+        syncs = sync_summary(caught) + ("" if caught is None else " (with the trainer's setup)")
     marks = clock.marks
     cycles = [marks[(k + 1) * m] - marks[k * m] for k in range(1 + args.repeats)]
     return {
@@ -311,6 +362,7 @@ def run_trl(model, tok, examples, args, run_dir: str) -> dict[str, Any]:
         "prompt_ids": prompts,
         "label": f"TRL GRPOTrainer {__version__}",
         "profile": None,
+        "syncs": syncs,
     }
 
 
@@ -332,6 +384,9 @@ def main() -> None:
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     ap.add_argument("--no-cudnn-sdp", action="store_true", help="no cuDNN attention (GPU)")
     ap.add_argument("--profile", action="store_true", help="profile one step of the first arm")
+    ap.add_argument(
+        "--count-syncs", action="store_true", help="count host-device waits in one more step"
+    )
     args = ap.parse_args()
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     unknown = sorted(a for a in arms if a != "trl" and not native_arm(a))
@@ -411,6 +466,9 @@ def main() -> None:
         gens = " / ".join(f"{t:.2f}" for t in r["gen"])
         print(f"\n{arm}: steps {steps} s; generation {gens} s", end="")
     print()
+    for arm, r in results.items():
+        if r.get("syncs"):
+            print(f"\nsynchronisations in one more step of `{arm}`: {r['syncs']}")
     for arm, r in results.items():
         if r["profile"]:
             print(f"\nprofile of one more step of `{arm}`:\n{r['profile']}")

@@ -232,6 +232,21 @@ def test_update_stats_sum_losses_weight_fractions_and_keep_extremes() -> None:
     assert out["optim/updates"] == 1
 
 
+def test_update_stats_read_no_tensor_until_the_summary(monkeypatch) -> None:
+    """A micro-batch's stats are not read on the host when added (on a GPU each read would wait
+    for the device's queue); the summary reads them and gives the same figures."""
+    reads: list[float] = []
+    to_float = torch.Tensor.__float__
+    monkeypatch.setattr(torch.Tensor, "__float__", lambda t: reads.append(1.0) or to_float(t))
+    stats = UpdateStats()
+    stats.start_mini_batch()
+    stats.add(micro_stats(1.0, 0.5, (0.9, 1.2), gate=0.4), 1.0, first=True, llds_acts=False)
+    assert reads == []
+    stats.add_update(2.0)
+    out = stats.summary(mini_batches=1, processes=1)
+    assert reads and out[keys.PG_LOSS] == 1.0 and out[keys.RATIO_MAX] == pytest.approx(1.2)
+
+
 def test_update_stats_without_an_update_log_nan_norms() -> None:
     stats = UpdateStats()
     stats.start_mini_batch()

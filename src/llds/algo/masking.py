@@ -43,19 +43,21 @@ def masked_mean(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
 
 
 def masked_max(values: Tensor, mask: Tensor) -> Tensor:
-    """Max over masked positions; 0 when the mask is empty."""
-    m = mask.bool()
-    if not bool(m.any()):
-        return torch.zeros((), dtype=values.dtype, device=values.device)
-    return values[m].max()
+    """Max over masked positions; 0 when the mask is empty. Computed without asking the device
+    whether the mask is empty (a GPU tensor read on the host waits for its queue to drain)."""
+    return _masked_extreme(values, mask, torch.amax, float("-inf"))
 
 
 def masked_min(values: Tensor, mask: Tensor) -> Tensor:
-    """Min over masked positions; 0 when the mask is empty."""
+    """Min over masked positions; 0 when the mask is empty (see `masked_max`)."""
+    return _masked_extreme(values, mask, torch.amin, float("inf"))
+
+
+def _masked_extreme(values: Tensor, mask: Tensor, reduce, neutral: float) -> Tensor:
     m = mask.bool()
-    if not bool(m.any()):
-        return torch.zeros((), dtype=values.dtype, device=values.device)
-    return values[m].min()
+    filled = torch.where(m, values, torch.full_like(values, neutral))
+    zero = torch.zeros((), dtype=values.dtype, device=values.device)
+    return torch.where(m.any(), reduce(filled), zero)
 
 
 def check_aggregation(mode: str) -> None:

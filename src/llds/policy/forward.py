@@ -41,6 +41,10 @@ def response_log_probs(
     t = temperature if temperature > 0 else 1.0
     split = split_lm_head(model) if actions_only else None
     net = split[0] if split is not None else model
+    if split is not None:
+        # the model-written columns' (row, column) indices, taken before the forward is queued:
+        # a boolean index of a GPU tensor would make the host wait for the forward to finish
+        written = batch.loss_mask.bool().nonzero().to(device).unbind(1)
     states = None
     if share_prompts and r > 1:
         states = _shared_prompt_outputs(net, ids, mask, positions, p, hidden=split is not None)
@@ -56,15 +60,12 @@ def response_log_probs(
         states = out.last_hidden_state[:, p - 1 : -1] if split is not None else out.logits[:, :-1]
     if split is None:
         return token_log_probs_and_entropy(states, labels, temperature=t, with_entropy=with_entropy)
-    written = batch.loss_mask.to(device).bool()
     logits = split[1](states[written])  # [N, V]: the model-written tokens only
     lp, ent = token_log_probs_and_entropy(
         logits, labels[written], temperature=t, with_entropy=with_entropy
     )
-    zeros = torch.zeros(written.shape, dtype=lp.dtype, device=device)
-    return zeros.masked_scatter(written, lp), (
-        None if ent is None else zeros.masked_scatter(written, ent)
-    )
+    zeros = torch.zeros(labels.shape, dtype=lp.dtype, device=device)
+    return zeros.index_put(written, lp), (None if ent is None else zeros.index_put(written, ent))
 
 
 def split_lm_head(model) -> tuple[object, object] | None:

@@ -250,6 +250,18 @@ class PolicyUpdate:
         cfg, lc = self.cfg, self.cfg.algo.llds
         sub = inputs.batch.select(micro)
         w = sub.response_len
+        dev = next(self.model.parameters()).device
+        ref, weights = inputs.ref_logp, inputs.is_weights
+
+        def on_device(t: torch.Tensor | None) -> torch.Tensor | None:
+            # copied before the forward is queued: a copy to a GPU waits for what is queued
+            return None if t is None else t.to(dev)
+
+        old_logp, adv = on_device(inputs.old_logp[micro, :w]), on_device(inputs.adv[micro])
+        loss_mask = on_device(inputs.loss_mask[micro, :w])
+        ref_logp = on_device(None if ref is None else ref[micro, :w])
+        is_weights = on_device(None if weights is None else weights[micro, :w])
+        answer_mask = on_device(sub.answer_mask) if lc.mask_answer else None
         with self.precision.autocast():
             lp, ent = response_log_probs(
                 self.model,
@@ -258,21 +270,20 @@ class PolicyUpdate:
                 with_entropy=cfg.algo.entropy_coef > 0,
                 share_prompts=not self.sharded,
             )
-        ref, weights = inputs.ref_logp, inputs.is_weights
         x = TermInputs(
             log_probs=lp,
-            old_log_probs=inputs.old_logp[micro, :w].to(lp.device),
-            advantages=inputs.adv[micro].to(lp.device),
-            loss_mask=inputs.loss_mask[micro, :w].to(lp.device),
-            ref_log_probs=None if ref is None else ref[micro, :w].to(lp.device),
+            old_log_probs=old_logp,
+            advantages=adv,
+            loss_mask=loss_mask,
+            ref_log_probs=ref_logp,
             entropy=ent,
-            answer_mask=sub.answer_mask.to(lp.device) if lc.mask_answer else None,
+            answer_mask=answer_mask,
             answer_weight=inputs.answer_weight,
             llds_acts=llds_acts,
             num_sequences=counts.sequences,
             num_tokens=counts.tokens,
             num_preserving=counts.preserving,
-            is_weights=None if weights is None else weights[micro, :w].to(lp.device),
+            is_weights=is_weights,
         )
         return grpo_objective(x, inputs.objective)
 

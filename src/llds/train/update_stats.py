@@ -5,6 +5,11 @@ so that the cross-process mean of the logged rows restores the sum); fractions a
 the micro-batch's share of its mini-batch's tokens and averaged over mini-batches; ratio extremes
 are extremes. LLDS's gate on the batch's first update is kept apart: there pi_theta == pi_old,
 and the gate measures rounding noise only.
+
+A micro-batch's stats stay tensors until the step's `summary`: reading a GPU tensor as a Python
+number waits for the device to finish everything queued, and doing so for a dozen stats of every
+micro-batch, between its forward and its backward, would stall the launch queue of a host-bound
+update every time (TRL, too, reads its metrics once per logging step).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ class UpdateStats:
         self.extremes: dict[str, float] = {}
         self.grad_norms: list[float] = []
         self.first_mini_batches = 0
+        self.pending: list[tuple[dict[str, torch.Tensor], float, bool, bool]] = []
 
     @property
     def updates(self) -> int:
@@ -42,7 +48,14 @@ class UpdateStats:
     def add(
         self, stats: dict[str, torch.Tensor], share: float, *, first: bool, llds_acts: bool
     ) -> None:
-        """One micro-batch's objective stats; `share`: its part of the mini-batch's tokens."""
+        """One micro-batch's objective stats; `share`: its part of the mini-batch's tokens. Kept
+        as detached tensors (no host synchronisation) and added up in `summary`."""
+        kept = {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in stats.items()}
+        self.pending.append((kept, share, first, llds_acts))
+
+    def _accumulate(
+        self, stats: dict[str, torch.Tensor], share: float, first: bool, llds_acts: bool
+    ) -> None:
         acc = self.sums
         acc[keys.PG_LOSS] += float(stats[keys.PG_LOSS])
         for key in POLICY_STATS:
@@ -81,6 +94,9 @@ class UpdateStats:
     def summary(self, mini_batches: int, processes: int) -> dict[str, float]:
         """The step's metrics over its `mini_batches` (x epochs) mini-batches, on one of
         `processes` processes."""
+        for pending in self.pending:
+            self._accumulate(*pending)
+        self.pending.clear()
         acc = self.sums
         out = {key: val / mini_batches for key, val in acc.items()}
         if keys.LLDS_FIRST_STEP_GATE_FRAC in acc:  # measured on one mini-batch, not averaged
