@@ -147,11 +147,9 @@ def eval_data(data: Path, out: Path) -> Path:
     return path
 
 
-def evaluate_start(
-    args: argparse.Namespace, sft: Path, evals: Path, corpus: str, turns: int
-) -> Path:
-    """The warm start's greedy evaluation with the runs' `turns` (their `eval_max_turns`),
-    kept as step 0 of every run."""
+def evaluate_start(args: argparse.Namespace, sft: Path, evals: Path, corpus: str, cfg) -> Path:
+    """The warm start's greedy evaluation with the limits of the runs' own evaluations (`cfg`:
+    one run's config), kept as step 0 of every run."""
     from llds.evaluation.evaluate import EvalConfig, ProtocolChoice, run_evaluation
     from llds.runs.eval_result import eval_file
 
@@ -164,7 +162,13 @@ def evaluate_start(
                 retriever=corpus,
                 out=str(start),
                 device=args.device,
-                protocol=ProtocolChoice(max_turns=turns),
+                protocol=ProtocolChoice(
+                    max_turns=cfg.eval_max_turns,
+                    topk=cfg.retriever.topk,
+                    max_turn_tokens=cfg.rollout.max_turn_tokens,
+                    max_obs_tokens=cfg.rollout.max_obs_tokens,
+                    max_total_tokens=cfg.rollout.max_total_tokens,
+                ),
             )
         )
     return start
@@ -274,8 +278,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     runs = {
         (arm, s): run_config(args, out, arm, s, corpus, evals, sft) for s in seeds for arm in ARMS
     }
-    turns = next(iter(runs.values())).eval_max_turns
-    start = evaluate_start(args, sft, evals, corpus, turns) if "start" in stages else sft / "none"
+    one = next(iter(runs.values()))
+    start = evaluate_start(args, sft, evals, corpus, one) if "start" in stages else sft / "none"
     say(clock, results, "warm start evaluated", eval=str(start))
     last = [0.0]
 
