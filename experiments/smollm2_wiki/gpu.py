@@ -240,6 +240,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--steps", type=int, default=None, help="per run (default: the preset's)")
     ap.add_argument("--eval-every", type=int, default=40)
+    ap.add_argument("--parallel", type=int, default=0, help="runs at once (0: all of them)")
     ap.add_argument("--sft-seed", type=int, default=0)
     ap.add_argument("--budget-s", type=float, default=540.0, help="from the command's start")
     ap.add_argument("--reserve-s", type=float, default=20.0, help="kept for the last tables")
@@ -302,7 +303,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         ]
         left = run_queue(
             todo,
-            parallel=len(todo),
+            parallel=args.parallel or len(todo),
             poll_s=2.0,
             deadline=clock.deadline(args.reserve_s),
             on_poll=every_poll,
