@@ -5,7 +5,8 @@ Stages, each kept when its output exists (so a second call continues the first):
   model   the SmolLM2 GGUF (`--gguf`, or joined from `--gguf-parts` and checked against its
           manifest: see `weights.py`), dequantized once to an fp32 model folder
   sft     the reading warm start, `sft-smollm2-wiki-rl`, on the train split
-  start   the warm start's greedy EM on the test split and the transfer lists (step 0)
+  start   the warm start's greedy EM on the test split and the transfer lists (step 0), in a
+          process of its own beside the runs
   runs    `smollm2-wiki-rl` with LLDS off and on for every seed, all at once on the one device,
           stopped when `--budget-s` (counted from the command's start) is spent; the test and
           transfer EM every `--eval-every` steps
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import multiprocessing
 import os
 import sys
 import tarfile
@@ -260,6 +262,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     results: Path = args.results or out
     out.mkdir(parents=True, exist_ok=True)
     results.mkdir(parents=True, exist_ok=True)
+    from llds.runs.eval_result import eval_file
     from llds.studies.machine import machine
 
     say(clock, results, "start", machine=machine(), argv=list(argv or sys.argv[1:]))
@@ -280,8 +283,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         (arm, s): run_config(args, out, arm, s, corpus, evals, sft) for s in seeds for arm in ARMS
     }
     one = next(iter(runs.values()))
-    start = evaluate_start(args, sft, evals, corpus, one) if "start" in stages else sft / "none"
-    say(clock, results, "warm start evaluated", eval=str(start))
+    start, beside = eval_file(sft, 0), None
+    if "start" in stages and not start.is_file():
+        # step 0 of the table, not an input of the runs: evaluated in a process of its own
+        # while they go, on the same device, so that it costs the time budget nothing
+        spawn = multiprocessing.get_context("spawn")
+        beside = spawn.Process(target=evaluate_start, args=(args, sft, evals, corpus, one))
+        beside.start()
+        say(clock, results, "warm start evaluation started")
     last = [0.0]
 
     def every_poll() -> None:
@@ -308,6 +317,12 @@ def main(argv: Sequence[str] | None = None) -> None:
             deadline=clock.deadline(args.reserve_s),
             on_poll=every_poll,
         )
+    if beside is not None:
+        beside.join(timeout=max(0.0, clock.deadline(args.reserve_s / 2) - time.monotonic()))
+        if beside.is_alive():
+            beside.terminate()
+            beside.join()
+        say(clock, results, "warm start evaluated", done=start.is_file(), code=beside.exitcode)
     write_results(out, results, runs, start)
     say(clock, results, "done", unfinished=[str(p) for p in left])
     print((results / "table.md").read_text(encoding="utf-8"))
