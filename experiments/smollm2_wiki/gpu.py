@@ -12,7 +12,7 @@ Stages, each kept when its output exists (so a second call continues the first):
           transfer EM every `--eval-every` steps
 The table (`table.md`), every run's logs (`runs.tar.gz`) and the progress (`progress.jsonl`)
 are rewritten in `--results` every `--write-every` seconds and at the end, so a command killed
-at its limit keeps what it had done. Protocol: `PROTOCOL.md` ("The GPU version").
+at its limit keeps what it had done. Protocol: `PROTOCOL.md` ("Where it runs").
 
     python experiments/smollm2_wiki/gpu.py --out runs/smollm2-wiki-gpu --results OUT \\
         --gguf-parts PARTS --data data/trivia-wiki --index indexes/wiki --budget-s 540
