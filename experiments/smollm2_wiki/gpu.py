@@ -131,6 +131,7 @@ def warm_start(args: argparse.Namespace, out: Path, base: Path | None, world: Pa
     else:
         given += [f"model={base}", f"data={Path(args.data) / 'train.jsonl'}"]
         given += [f"corpus={args.index}"]
+        given += [f"steps={args.sft_steps}"] if args.sft_steps else []
     run_sft(load_sft_config("sft-smollm2-wiki-rl", given))
     return sft
 
@@ -244,6 +245,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--eval-every", type=int, default=40)
     ap.add_argument("--parallel", type=int, default=0, help="runs at once (0: all of them)")
     ap.add_argument("--sft-seed", type=int, default=0)
+    ap.add_argument("--sft-steps", type=int, default=None, help="default: the preset's 60")
     ap.add_argument("--budget-s", type=float, default=540.0, help="from the command's start")
     ap.add_argument("--reserve-s", type=float, default=20.0, help="kept for the last tables")
     ap.add_argument("--write-every", type=float, default=30.0, help="seconds between tables")
