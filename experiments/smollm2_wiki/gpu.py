@@ -88,6 +88,17 @@ def _atomic_bytes(path: Path, data: bytes) -> None:
 # ------------------------------------------------------------------------------------ stages
 
 
+def in_own_process(target: Any, *args: Any) -> None:
+    """`target(*args)` in a spawned process, waited for: what a stage allocates (the warm
+    start's model, optimizer and activations, about 10 GB on a CPU) is given back when it
+    ends instead of staying with this process beside the runs."""
+    proc = multiprocessing.get_context("spawn").Process(target=target, args=args)
+    proc.start()
+    proc.join()
+    if proc.exitcode:
+        raise SystemExit(f"{target.__name__} failed (exit code {proc.exitcode}); see above")
+
+
 def model_dir(args: argparse.Namespace, out: Path) -> Path | None:
     """The fp32 SmolLM2 folder (None with `--smoke`: the warm start makes a tiny model)."""
     if args.smoke:
@@ -274,10 +285,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         corpus = str(corpus_path)
     else:
         data, corpus = Path(args.data), args.index
-    base = model_dir(args, out) if "model" in stages else None
+    base = None if args.smoke else out / "smollm2"
+    if "model" in stages:
+        in_own_process(model_dir, args, out)
     say(clock, results, "model", path=str(base))
-    sft = warm_start(args, out, base, world) if "sft" in stages or "start" in stages else None
-    sft = sft or out / "sft"
+    sft = out / "sft"
+    if "sft" in stages:
+        in_own_process(warm_start, args, out, base, world)
     say(clock, results, "sft", path=str(sft))
     evals = eval_data(data, out)
     seeds = [int(s) for s in args.seeds.split(",")]
