@@ -326,13 +326,22 @@ def main(argv: Sequence[str] | None = None) -> None:
             for cfg in runs.values()
             if not finished(cfg)
         ]
-        left = run_queue(
-            todo,
-            parallel=args.parallel or len(todo),
-            poll_s=2.0,
-            deadline=clock.deadline(args.reserve_s),
-            on_poll=every_poll,
-        )
+        from llds.errors import UserInputError
+
+        try:
+            left = run_queue(
+                todo,
+                parallel=args.parallel or len(todo),
+                poll_s=2.0,
+                deadline=clock.deadline(args.reserve_s),
+                on_poll=every_poll,
+            )
+        except UserInputError as exc:  # a run failed: keep what the others did, then stop
+            if beside is not None:
+                beside.terminate()
+            write_results(out, results, runs, start)
+            say(clock, results, "failed", error=str(exc))
+            raise SystemExit(f"error: {exc}") from None
     if beside is not None:
         beside.join(timeout=max(0.0, clock.deadline(args.reserve_s / 2) - time.monotonic()))
         if beside.is_alive():
