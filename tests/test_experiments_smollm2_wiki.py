@@ -12,12 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from llds.models.gguf_parts import join_parts, split_file
 from llds.runs.eval_result import EvalRecord, EvalResult, eval_file
 from llds.studies.smollm2_wiki import binomial_se, study_answer
 
 FOLDER = Path(__file__).resolve().parents[1] / "experiments" / "smollm2_wiki"
-sys.path.insert(0, str(FOLDER))
-from weights import join_parts, split_file  # noqa: E402
 
 
 def _write_eval(path: Path, test_right: int, test_n: int, transfer_right: int = 1) -> None:

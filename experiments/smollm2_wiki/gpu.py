@@ -36,10 +36,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _common import finished
-from weights import join_parts
+from llds.models.gguf_parts import join_parts
 
 ARMS = {"GRPO": ["algo.llds.enabled=false"], "GRPO+LLDS": ["algo.llds.enabled=true"]}
 STAGES = ("model", "sft", "start", "runs")
