@@ -118,3 +118,37 @@ def test_build_from_plain_dicts() -> None:
     rows = [{"title": "Oak", "text": "A tree."}, {"title": "Car", "text": "A vehicle."}]
     model = BM25Retriever.build(rows, show_progress=False)
     assert model.search(["vehicle"], 1)[0][0].id == "1"
+
+
+FAKE_JAX_LAX = """
+import json, os
+def top_k(scores, k):
+    with open(os.environ["SEEN_FILE"], "w") as f:
+        json.dump(os.environ.get("JAX_PLATFORMS"), f)
+    return scores, None
+"""
+
+
+@pytest.mark.parametrize("chosen", [None, "cuda"])
+def test_bm25s_import_keeps_jax_off_the_gpu_unless_chosen(
+    tmp_path: Path, chosen: str | None
+) -> None:
+    """bm25s calls `jax.lax.top_k` while it is imported when JAX is installed; on a GPU that
+    makes JAX take most of the card in every llds process (a parallel run then failed to start
+    CUDA). A stand-in `jax` records the platform it was started with."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "jax").mkdir()
+    (tmp_path / "jax" / "__init__.py").write_text("from jax import lax\n")
+    (tmp_path / "jax" / "lax.py").write_text(FAKE_JAX_LAX)
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
+    env["SEEN_FILE"] = str(tmp_path / "seen.json")
+    if chosen:
+        env["JAX_PLATFORMS"] = chosen
+    code = "import llds.retrieval.bm25, bm25s.selection as s; assert s.JAX_IS_AVAILABLE"
+    subprocess.run([sys.executable, "-c", code], env=env, check=True)
+    assert json.loads((tmp_path / "seen.json").read_text()) == (chosen or "cpu")

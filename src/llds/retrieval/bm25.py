@@ -15,7 +15,13 @@ import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-import bm25s
+# bm25s runs a JAX op when it is imported if JAX is installed, and JAX then takes most of the
+# GPU's memory in every process that imports it (the trainer, each parallel run, the
+# evaluator): the next process's CUDA start fails with out of memory. llds never computes with
+# JAX, so it stays on the CPU unless the user has chosen its platform.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import bm25s  # after JAX_PLATFORMS: its import initializes JAX
 import numpy as np
 import Stemmer
 
