@@ -1,5 +1,6 @@
-"""The SmolLM2 trivia-wiki study on one GPU in one command that fits a 10-minute limit:
-warm start, GRPO and GRPO+LLDS for every seed at once, test and transfer EM as they go.
+"""The SmolLM2 trivia-wiki study on one GPU in one command under a time limit: warm start,
+GRPO and GRPO+LLDS for every seed at once, test and transfer EM as they go. It does not fit 10
+minutes: on one H200 the six runs reached steps 20-22 of 120 in 565 s (PROTOCOL.md, amendment 1).
 
 Stages, each kept when its output exists (so a second call continues the first):
   model   the SmolLM2 GGUF (`--gguf`, or joined from `--gguf-parts` and checked against its
