@@ -117,7 +117,10 @@ def test_the_gpu_command_runs_every_stage_and_a_second_call_keeps_them(tmp_path:
     with tarfile.open(results / "runs.tar.gz") as tar:
         names = set(tar.getnames())
     expected = {"warm_start_eval.json", "GRPO/seed0/metrics.jsonl", "GRPO/seed0/eval"}
-    assert expected | {"GRPO_LLDS/seed0/metrics.jsonl"} <= names
+    assert expected | {"GRPO_LLDS/seed0/metrics.jsonl", "GRPO_LLDS/seed0/config.json"} <= names
+    with tarfile.open(results / "runs.tar.gz") as tar:
+        config = json.load(tar.extractfile("GRPO_LLDS/seed0/config.json"))
+    assert config["algo"]["llds"]["enabled"] is True and config["steps"] == 2
     rows = [json.loads(line) for line in (out / "eval.jsonl").read_text().splitlines()]
     assert [r["data_source"] for r in rows] == ["held-out"] * 6 + ["transfer"] * 4
     second = subprocess.run(cmd, capture_output=True, text=True, timeout=300)

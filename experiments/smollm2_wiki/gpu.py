@@ -220,7 +220,10 @@ def run_config(
 
 def write_results(out: Path, results: Path, runs: dict[tuple[str, int], Any], start: Path) -> None:
     """`table.md` (every run that has logged a step) and `runs.tar.gz` (each run's metrics,
-    evaluations and config, and the warm start's evaluation), each written whole or not at all."""
+    evaluations and alarms, its resolved config as `config.json`, and the warm start's
+    evaluation), each written whole or not at all. The run folders stay on the machine (their
+    checkpoints are far larger than what a GPU call returns), so the config travels here."""
+    from llds.config.loader import to_dict
     from llds.studies.smollm2_wiki import study_answer
     from llds.studies.source_table import source_table
 
@@ -232,10 +235,15 @@ def write_results(out: Path, results: Path, runs: dict[tuple[str, int], Any], st
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         if start.is_file():
             tar.add(start, arcname="warm_start_eval.json")
-        for run_dir in dirs.values():
-            for name in ("metrics.jsonl", "config.yaml", "eval", "alarms.jsonl"):
+        for key, run_dir in dirs.items():
+            where = run_dir.relative_to(out)
+            config = json.dumps(to_dict(runs[key]), indent=1).encode()
+            info = tarfile.TarInfo(str(where / "config.json"))
+            info.size, info.mtime = len(config), int(time.time())
+            tar.addfile(info, io.BytesIO(config))
+            for name in ("metrics.jsonl", "eval", "alarms.jsonl"):
                 if (run_dir / name).exists():
-                    tar.add(run_dir / name, arcname=str(run_dir.relative_to(out) / name))
+                    tar.add(run_dir / name, arcname=str(where / name))
     _atomic_bytes(results / "runs.tar.gz", buf.getvalue())
 
 
