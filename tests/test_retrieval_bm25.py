@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -136,11 +140,6 @@ def test_bm25s_import_keeps_jax_off_the_gpu_unless_chosen(
     """bm25s calls `jax.lax.top_k` while it is imported when JAX is installed; on a GPU that
     makes JAX take most of the card in every llds process (a parallel run then failed to start
     CUDA). A stand-in `jax` records the platform it was started with."""
-    import json
-    import os
-    import subprocess
-    import sys
-
     (tmp_path / "jax").mkdir()
     (tmp_path / "jax" / "__init__.py").write_text("from jax import lax\n")
     (tmp_path / "jax" / "lax.py").write_text(FAKE_JAX_LAX)
