@@ -6,7 +6,9 @@ per-step logs copied into `results/runs/` for `tables.py`.
     python experiments/llds_strength/run.py ... --dry-run     # each run's config; runs nothing
     python experiments/llds_strength/run.py ... --collect     # copy the logs only
 
-Resumable: a finished run is skipped, an interrupted one resumes from its last checkpoint;
+Resumable: a finished run is skipped (also one whose complete log is in `results/runs/` but
+whose work folder is gone, as on a new machine), an interrupted one resumes from its last
+checkpoint (or starts again when its work folder is gone);
 `--parallel` runs at a time, one thread each, in the protocol's order (seed 1 of every arm,
 then seed 2, then seed 3). At the end, and at any time with `--collect`, every started run's
 `metrics.jsonl` goes to `results/runs/ARM/seedN/metrics.jsonl.gz` (with `alarms.jsonl` and the
@@ -22,6 +24,7 @@ import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _common import config_data, print_dry_run, run_unfinished
@@ -91,6 +94,31 @@ def check_warm_start(theorem: Path, work: Path) -> None:
         raise SystemExit(f"{out}: the warm start is not the theorem study's; stopping")
 
 
+def committed_steps(results: Path, arm: str, seed: int) -> int:
+    """The last step in the run's log already copied to `results/runs/` (0 when there is none).
+    A run that finished on another machine is complete there although its work folder, with
+    its checkpoints, is gone: it is not run again."""
+    path = results / "runs" / arm / f"seed{seed}" / "metrics.jsonl.gz"
+    if not path.is_file():
+        return 0
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return max((int(json.loads(line)["step"]) for line in f if line.strip()), default=0)
+
+
+def plan(
+    theorem: Path, work: Path, results: Path, runs: Sequence[tuple[str, int]]
+) -> list[dict[str, Any]]:
+    """Each run of the study, its config, the steps its committed log holds and whether this
+    call runs it (in the protocol's order)."""
+    out = []
+    for arm, seed in runs:
+        cfg = run_config(theorem, work, arm, seed)
+        done = committed_steps(results, arm, seed)
+        out.append({"arm": arm, "seed": seed, "committed_steps": done, "run": done < cfg.steps})
+        out[-1]["config"] = cfg
+    return out
+
+
 def collect(work: Path, results: Path, runs: Sequence[tuple[str, int]]) -> None:
     """Copy every started run's per-step logs into `results/runs/ARM/seedN/`."""
     for arm, seed in runs:
@@ -127,15 +155,23 @@ def main() -> None:
     p.add_argument("--collect", action="store_true", help="only copy the logs")
     args = p.parse_args()
     theorem, work, results = Path(args.theorem), Path(args.work), Path(args.results)
-    runs = ordered_runs(args.arms, args.seeds)
+    runs = plan(theorem, work, results, ordered_runs(args.arms, args.seeds))
     if args.dry_run:
-        print_dry_run([config_data(run_config(theorem, work, a, s)) for a, s in runs])
+        print_dry_run([{**r, "config": config_data(r["config"])} for r in runs])
         return
+    todo = [r for r in runs if r["run"]]
     if not args.collect:
+        for r in todo:
+            if r["committed_steps"] and not (Path(r["config"].run_dir) / "metrics.jsonl").is_file():
+                print(
+                    f"{r['arm']} seed {r['seed']}: its work folder is gone; it starts again "
+                    f"(its log of {r['committed_steps']} steps is replaced at the next collect)",
+                    flush=True,
+                )
         ensure_world(theorem)
         check_warm_start(theorem, work)
-        run_unfinished([run_config(theorem, work, a, s) for a, s in runs], args.parallel)
-    collect(work, results, runs)
+        run_unfinished([r["config"] for r in todo], args.parallel)
+    collect(work, results, [(r["arm"], r["seed"]) for r in todo])
 
 
 if __name__ == "__main__":
