@@ -3,7 +3,11 @@ and a real BM25 retriever over the world's corpus. Built once per test session."
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -134,3 +138,11 @@ TRAIN_BASE = [
     "logging.progress=false",
     "save_every=100",
 ]
+
+
+def planned_runs(script: Path, *args: str | Path) -> list[dict[str, Any]]:
+    """What a study driver would run, as it prints it with `--dry-run` (one JSON object a line)."""
+    cmd = [sys.executable, str(script), *map(str, args), "--dry-run"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in done.stdout.splitlines()]

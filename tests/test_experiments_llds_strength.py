@@ -5,19 +5,11 @@ from __future__ import annotations
 
 import gzip
 import json
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
+
+from conftest import planned_runs
 
 STUDY = Path(__file__).resolve().parents[1] / "experiments" / "llds_strength"
-
-
-def _planned(*args: str | Path) -> list[dict[str, Any]]:
-    cmd = [sys.executable, str(STUDY / "run.py"), *map(str, args), "--dry-run"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    return [json.loads(line) for line in done.stdout.splitlines()]
 
 
 def _log(results: Path, arm: str, seed: int, steps: int) -> None:
@@ -37,7 +29,7 @@ def test_a_run_complete_in_the_committed_logs_is_not_run_again(tmp_path: Path) -
     _log(results, "lam0.2", 1, 22)
     args = ["--theorem", tmp_path / "theorem", "--work", tmp_path / "work"]
     args += ["--results", results, "--arms", "lam0", "lam0.2", "--seeds", "1", "2"]
-    plan = {(r["arm"], r["seed"]): r for r in _planned(*args)}
+    plan = {(r["arm"], r["seed"]): r for r in planned_runs(STUDY / "run.py", *args)}
     assert list(plan) == [("lam0", 1), ("lam0.2", 1), ("lam0", 2), ("lam0.2", 2)]
     assert {k: (r["committed_steps"], r["run"]) for k, r in plan.items()} == {
         ("lam0", 1): (50, False),

@@ -4,23 +4,19 @@ start (`--dry-run`), and the pre-registered rules applied to logged rows built b
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from conftest import planned_runs
 from llds.studies import theorem_study as tables
 
 STUDY = Path(__file__).resolve().parents[1] / "experiments" / "theorem_world"
 
 
 def _planned(*args: str | Path) -> list[dict[str, Any]]:
-    cmd = [sys.executable, str(STUDY / "run.py"), *map(str, args), "--dry-run"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    return [json.loads(line) for line in done.stdout.splitlines()]
+    return planned_runs(STUDY / "run.py", *args)
 
 
 def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
