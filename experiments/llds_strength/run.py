@@ -114,8 +114,8 @@ def plan(
     for arm, seed in runs:
         cfg = run_config(theorem, work, arm, seed)
         done = committed_steps(results, arm, seed)
-        out.append({"arm": arm, "seed": seed, "committed_steps": done, "run": done < cfg.steps})
-        out[-1]["config"] = cfg
+        run = done < cfg.steps
+        out.append({"arm": arm, "seed": seed, "committed_steps": done, "run": run, "config": cfg})
     return out
 
 
