@@ -28,6 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _common import config_data, print_dry_run, run_unfinished
+from llds.report.study_logs import COMMITTED_LOG, read_committed_metrics
 from llds.studies.strength_study import ARMS, SEEDS, WARM_EM
 from llds.train.config import load_config
 
@@ -98,11 +99,10 @@ def committed_steps(results: Path, arm: str, seed: int) -> int:
     """The last step in the run's log already copied to `results/runs/` (0 when there is none).
     A run that finished on another machine is complete there although its work folder, with
     its checkpoints, is gone: it is not run again."""
-    path = results / "runs" / arm / f"seed{seed}" / "metrics.jsonl.gz"
+    path = results / "runs" / arm / f"seed{seed}" / COMMITTED_LOG
     if not path.is_file():
         return 0
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        return max((int(json.loads(line)["step"]) for line in f if line.strip()), default=0)
+    return max((int(row["step"]) for row in read_committed_metrics(path)), default=0)
 
 
 def plan(

@@ -29,7 +29,6 @@ import argparse
 import io
 import json
 import multiprocessing
-import os
 import sys
 import tarfile
 import time
@@ -80,9 +79,10 @@ def say(clock: Clock, results: Path, event: str, **info: Any) -> None:
 
 
 def _atomic_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    from llds.io import atomic_write
+
+    with atomic_write(path, "wb") as f:
+        f.write(data)
 
 
 # ------------------------------------------------------------------------------------ stages

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any
+
+from llds.io import atomic_write
 
 MANIFEST = "manifest.json"
 CHUNK = 1 << 20
@@ -57,7 +58,8 @@ def split_file(path: str | Path, parts_dir: str | Path, max_bytes: int) -> dict[
 
 def join_parts(parts_dir: str | Path, out_file: str | Path) -> Path:
     """Join the parts listed in `parts_dir/manifest.json` into `out_file` (written beside it and
-    renamed, so a failed join leaves nothing half-written), after checking each part's digest;
+    renamed, so a failed join leaves nothing half-written), checking each part's digest and the
+    whole's as it goes (every part is read once);
     raises `ValueError` naming the first missing or damaged part."""
     where, out = Path(parts_dir), Path(out_file)
     manifest_path = where / MANIFEST
@@ -68,15 +70,15 @@ def join_parts(parts_dir: str | Path, out_file: str | Path) -> Path:
         p = where / part["file"]
         if not p.is_file():
             raise ValueError(f"{p}: missing (a part that has not arrived yet?)")
-        if p.stat().st_size != part["bytes"] or _sha256(p) != part["sha256"]:
-            raise ValueError(f"{p}: damaged (its size or SHA-256 differs from {manifest_path})")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".partial")
-    with open(tmp, "wb") as f:
+    whole = hashlib.sha256()
+    with atomic_write(out, "wb") as f:  # an error below leaves `out` as it was
         for part in manifest["parts"]:
-            f.write((where / part["file"]).read_bytes())
-    if _sha256(tmp) != manifest["sha256"]:
-        tmp.unlink()
-        raise ValueError(f"{out}: the joined file's SHA-256 differs from {manifest_path}")
-    os.replace(tmp, out)
+            p = where / part["file"]
+            data = p.read_bytes()
+            if len(data) != part["bytes"] or hashlib.sha256(data).hexdigest() != part["sha256"]:
+                raise ValueError(f"{p}: damaged (its size or SHA-256 differs from {manifest_path})")
+            whole.update(data)
+            f.write(data)
+        if whole.hexdigest() != manifest["sha256"]:
+            raise ValueError(f"{out}: the joined file's SHA-256 differs from {manifest_path}")
     return out
