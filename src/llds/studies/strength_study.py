@@ -3,8 +3,6 @@ runs' per-step logs, its tables and the pre-registered answers."""
 
 from __future__ import annotations
 
-import gzip
-import json
 import math
 import statistics
 from collections.abc import Mapping, Sequence
@@ -12,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from llds import metrics as keys
+from llds.report.study_logs import COMMITTED_LOG, read_committed_metrics
 from llds.studies.pooled import step_counts
 from llds.studies.theorem_study import seed_spread
 
@@ -453,9 +452,7 @@ def load_logs(root: Path) -> dict[str, dict[int, list[dict[str, Any]]]]:
     out: dict[str, dict[int, list[dict[str, Any]]]] = {}
     for arm in ARMS:
         for seed in SEEDS:
-            path = root / arm / f"seed{seed}" / "metrics.jsonl.gz"
+            path = root / arm / f"seed{seed}" / COMMITTED_LOG
             if path.is_file():
-                with gzip.open(path, "rt", encoding="utf-8") as f:
-                    rows = [json.loads(line) for line in f if line.strip()]
-                out.setdefault(arm, {})[seed] = rows
+                out.setdefault(arm, {})[seed] = read_committed_metrics(path)
     return out
