@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 from conftest import planned_runs
@@ -38,3 +40,33 @@ def test_a_run_complete_in_the_committed_logs_is_not_run_again(tmp_path: Path) -
         ("lam0.2", 2): (0, True),
     }
     assert all(r["config"]["steps"] == 50 for r in plan.values())
+
+
+def _study(tmp_path: Path, lam: float | None) -> Path:
+    path = tmp_path / "study.json"
+    path.write_text(json.dumps({"answers": {"confirmation_lambda": lam}}), encoding="utf-8")
+    return path
+
+
+def test_the_confirmation_runs_grpo_against_rule_5s_lambda_in_pairs(tmp_path: Path) -> None:
+    """`confirm.py` reads rule 5's lambda from the study's tables and plans seed 1 of both arms,
+    then seed 2, ..., each 300 steps; a committed complete log is not run again."""
+    results = tmp_path / "confirm"
+    _log(results, "lam0", 1, 300)
+    args = ["--theorem", tmp_path / "theorem", "--work", tmp_path / "work", "--results", results]
+    args += ["--study", _study(tmp_path, 0.6), "--seeds", "1", "2", "3"]
+    plan = planned_runs(STUDY / "confirm.py", *args)
+    assert [(r["arm"], r["seed"]) for r in plan] == [
+        (arm, seed) for seed in (1, 2, 3) for arm in ("lam0", "lam0.6")
+    ]
+    assert [r["run"] for r in plan] == [False, True, True, True, True, True]
+    assert {r["config"]["steps"] for r in plan} == {300}
+    assert {r["config"]["algo"]["llds"]["coef"] for r in plan if r["arm"] == "lam0.6"} == {0.6}
+    assert plan[3]["config"]["run_dir"] == str(tmp_path / "work" / "lam0.6" / "seed2")
+
+
+def test_the_confirmation_waits_for_the_dose_response(tmp_path: Path) -> None:
+    cmd = [sys.executable, str(STUDY / "confirm.py"), "--study", str(_study(tmp_path, None))]
+    done = subprocess.run([*cmd, "--dry-run"], capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0
+    assert "confirmation_lambda is null" in done.stderr

@@ -36,8 +36,9 @@ HERE = Path(__file__).resolve().parent
 LR = 3e-4  # the theorem study's calibrated rate (../theorem_world/results/calibration.json)
 
 
-def run_config(theorem: Path, work: Path, arm: str, seed: int):
-    """The run of `arm` for `seed`: base.yaml, the arm's overrides and the paths."""
+def run_config(theorem: Path, work: Path, arm: str, seed: int, extra: Sequence[str] = ()):
+    """The run of `arm` for `seed`: base.yaml, the arm's overrides, the paths and `extra`
+    (the confirmation's `steps=300`)."""
     return load_config(
         HERE / "base.yaml",
         [
@@ -49,6 +50,7 @@ def run_config(theorem: Path, work: Path, arm: str, seed: int):
             f"data.eval={theorem / 'world' / 'test.jsonl'}",
             f"retriever.source={theorem / 'world' / 'corpus.jsonl'}",
             *ARMS[arm],
+            *extra,
         ],
     )
 
@@ -106,13 +108,17 @@ def committed_steps(results: Path, arm: str, seed: int) -> int:
 
 
 def plan(
-    theorem: Path, work: Path, results: Path, runs: Sequence[tuple[str, int]]
+    theorem: Path,
+    work: Path,
+    results: Path,
+    runs: Sequence[tuple[str, int]],
+    extra: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
     """Each run of the study, its config, the steps its committed log holds and whether this
     call runs it (in the protocol's order)."""
     out = []
     for arm, seed in runs:
-        cfg = run_config(theorem, work, arm, seed)
+        cfg = run_config(theorem, work, arm, seed, extra)
         done = committed_steps(results, arm, seed)
         run = done < cfg.steps
         out.append({"arm": arm, "seed": seed, "committed_steps": done, "run": run, "config": cfg})
@@ -143,19 +149,9 @@ def collect(work: Path, results: Path, runs: Sequence[tuple[str, int]]) -> None:
             (dst / "eval.json").write_text(json.dumps(evals, indent=1, sort_keys=True) + "\n")
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--theorem", default="runs/theorem_world", help="world and warm start")
-    p.add_argument("--work", default="runs/llds_strength", help="the study's runs")
-    p.add_argument("--results", default=str(HERE / "results"), help="logs are copied here")
-    p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
-    p.add_argument("--seeds", nargs="+", type=int, default=list(SEEDS))
-    p.add_argument("--parallel", type=int, default=2)
-    p.add_argument("--dry-run", action="store_true")
-    p.add_argument("--collect", action="store_true", help="only copy the logs")
-    args = p.parse_args()
-    theorem, work, results = Path(args.theorem), Path(args.work), Path(args.results)
-    runs = plan(theorem, work, results, ordered_runs(args.arms, args.seeds))
+def execute(runs: Sequence[dict[str, Any]], theorem: Path, work: Path, results: Path, args) -> None:
+    """What a driver call does with its plan: print it (`--dry-run`), or run the unfinished
+    runs `args.parallel` at a time (unless `--collect`), then copy their logs to `results`."""
     if args.dry_run:
         print_dry_run([{**r, "config": config_data(r["config"])} for r in runs])
         return
@@ -172,6 +168,30 @@ def main() -> None:
         check_warm_start(theorem, work)
         run_unfinished([r["config"] for r in todo], args.parallel)
     collect(work, results, [(r["arm"], r["seed"]) for r in todo])
+
+
+def driver_arguments(
+    doc: str | None, work: str, results: Path, seeds: Sequence[int]
+) -> argparse.ArgumentParser:
+    """The options every driver of this study takes (`execute` reads them)."""
+    p = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
+    p.add_argument("--theorem", default="runs/theorem_world", help="world and warm start")
+    p.add_argument("--work", default=work, help="the runs")
+    p.add_argument("--results", default=str(results), help="logs are copied here")
+    p.add_argument("--seeds", nargs="+", type=int, default=list(seeds))
+    p.add_argument("--parallel", type=int, default=2)
+    p.add_argument("--dry-run", action="store_true")
+    p.add_argument("--collect", action="store_true", help="only copy the logs")
+    return p
+
+
+def main() -> None:
+    p = driver_arguments(__doc__, "runs/llds_strength", HERE / "results", SEEDS)
+    p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    args = p.parse_args()
+    theorem, work, results = Path(args.theorem), Path(args.work), Path(args.results)
+    runs = plan(theorem, work, results, ordered_runs(args.arms, args.seeds))
+    execute(runs, theorem, work, results, args)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,215 @@
+"""The LLDS-strength study's confirmation (`experiments/llds_strength/CONFIRMATION.md`): GRPO
+against the lambda the dose-response picked, 300 steps, judged by the theorem study's
+definitions. Pure functions of the runs' logged rows, so a test can check them by hand."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+from llds.report.study_logs import COMMITTED_LOG, read_committed_metrics
+from llds.studies import theorem_study
+from llds.studies.strength_study import DOSE_ARMS, WARM_EM
+
+Rows = Sequence[Mapping[str, Any]]
+
+STEPS = theorem_study.STEPS  # 300
+SEEDS = (1, 2, 3, 4, 5, 6)
+BASE_ARM = "lam0"
+EM_SD = 0.25
+"""The seed-to-seed spread of held-out EM in the theorem study, which the power is stated at."""
+Z_SUM = float(stats.norm.ppf(0.975) + stats.norm.ppf(0.8))
+"""z for a two-sided 5% test plus z for 80% power (about 2.80)."""
+DIFFERENCE_P = 0.05
+
+
+def arm_for(lam: float) -> str:
+    """The dose arm run at `lam` (`lam0.6` for 0.6)."""
+    for arm, value in DOSE_ARMS.items():
+        if math.isclose(value, lam):
+            return arm
+    raise ValueError(f"no dose arm runs lambda {lam:g} (arms: {', '.join(DOSE_ARMS)})")
+
+
+def detectable_gap(n: int, sd: float = EM_SD) -> float:
+    """The EM gap that n seeds per arm detect with 80% power at two-sided 5%, for seed SD `sd`
+    (normal approximation: (z_0.975 + z_0.8) * sd * sqrt(2 / n))."""
+    return Z_SUM * sd * math.sqrt(2 / n)
+
+
+def exact_permutation_p(a: Sequence[float], b: Sequence[float]) -> float | None:
+    """Two-sided p of the difference of means over every split of the pooled values into groups
+    of len(a) and len(b) (exact; None when either group is empty)."""
+    if not a or not b:
+        return None
+    result = stats.permutation_test(
+        (np.asarray(a, dtype=float), np.asarray(b, dtype=float)),
+        lambda x, y, axis: np.mean(x, axis=axis) - np.mean(y, axis=axis),
+        permutation_type="independent",
+        alternative="two-sided",
+        n_resamples=math.inf,
+        vectorized=True,
+    )
+    return float(result.pvalue)
+
+
+def fisher_p(yes_a: int, n_a: int, yes_b: int, n_b: int) -> float | None:
+    """Fisher's exact two-sided p for `yes_a` of `n_a` against `yes_b` of `n_b`."""
+    if n_a == 0 or n_b == 0:
+        return None
+    table = [[yes_a, n_a - yes_a], [yes_b, n_b - yes_b]]
+    return float(stats.fisher_exact(table, alternative="two-sided").pvalue)
+
+
+def _em_at_end(run: Mapping[str, Any]) -> float | None:
+    return run["em"].get(STEPS)
+
+
+def confirmation_summary(runs: Mapping[str, Mapping[int, Rows]], llds_arm: str) -> dict[str, Any]:
+    """Every run's numbers, both arms over their complete seeds and the protocol's three answers,
+    as `{"json": ..., "markdown": ...}`. `runs` is `{arm: {seed: rows}}` for `lam0` and
+    `llds_arm`; partial runs are listed and kept out of the answers."""
+    names = {BASE_ARM: "grpo", llds_arm: "grpo-llds"}  # the theorem study's arm names
+    per_run = {
+        arm: {s: theorem_study.run_summary(rows, WARM_EM) for s, rows in sorted(by.items())}
+        for arm, by in runs.items()
+    }
+    done = {arm: {s: r["steps"] >= STEPS for s, r in by.items()} for arm, by in per_run.items()}
+    per_arm = {arm: theorem_study.arm_over_seeds(per_run[arm], done[arm]) for arm in per_run}
+    complete = {
+        names[a]: {s: r for s, r in per_run[a].items() if done[a][s]} for a in per_run if a in names
+    }
+    verdict = theorem_study.answers(
+        complete, {a: dict.fromkeys(by, True) for a, by in complete.items()}
+    )
+    base, llds = per_arm.get(BASE_ARM), per_arm.get(llds_arm)
+    em_base = [v for v in (base or {}).get("em_300", []) if v is not None]
+    em_llds = [v for v in (llds or {}).get("em_300", []) if v is not None]
+    n = min(len(em_base), len(em_llds))
+    collapsed = {
+        arm: sum(c is not None for c in a["collapses"]) for arm, a in per_arm.items() if a["seeds"]
+    }
+    answers: dict[str, Any] = {
+        "prevention": verdict["llds"],
+        "lld_under_grpo": verdict["lld_under_grpo"],
+        "conditions": verdict.get("conditions"),
+        "em_difference": (float(np.mean(em_llds) - np.mean(em_base)) if n else None),
+        "em_permutation_p": exact_permutation_p(em_llds, em_base),
+        "collapsed": collapsed,
+        "collapse_fisher_p": fisher_p(
+            collapsed.get(llds_arm, 0),
+            len((llds or {}).get("seeds", [])),
+            collapsed.get(BASE_ARM, 0),
+            len((base or {}).get("seeds", [])),
+        ),
+        "complete_seeds": {BASE_ARM: len(em_base), llds_arm: len(em_llds)},
+        "detectable_gap": detectable_gap(n) if n else None,
+    }
+    p = answers["em_permutation_p"]
+    answers["em_verdict"] = (
+        "pending" if p is None else "a difference" if p < DIFFERENCE_P else "no difference detected"
+    )
+    data = {"llds_arm": llds_arm, "runs": per_run, "complete": done, "per_arm": per_arm}
+    data["answers"] = answers
+    return {"json": data, "markdown": _markdown(per_run, done, per_arm, answers, llds_arm)}
+
+
+def _fmt(value: float | None, spec: str = ".3f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _spread(values: Sequence[float | None]) -> str:
+    s = theorem_study.seed_spread(values)
+    each = " / ".join(_fmt(v) for v in values) or "-"
+    if s["median"] is None:
+        return each
+    se = "" if s["se"] is None else f" ± {s['se']:.3f}"
+    return f"{each}; median {s['median']:.3f}, mean {s['mean']:.3f}{se}"
+
+
+def _markdown(
+    per_run: Mapping[str, Mapping[int, Mapping[str, Any]]],
+    done: Mapping[str, Mapping[int, bool]],
+    per_arm: Mapping[str, Mapping[str, Any]],
+    answers: Mapping[str, Any],
+    llds_arm: str,
+) -> str:
+    md = [f"# LLDS-strength confirmation: {BASE_ARM} against {llds_arm}, {STEPS} steps", ""]
+    md += [
+        "| arm | seed | steps | collapse | pooled share fell before any fall (fell/positive) "
+        "| LLD rule 1 (window) | LLD rule 2 (probe step) | held-out EM at 25, 50, ... |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for arm, by_seed in per_run.items():
+        for seed, r in by_seed.items():
+            pooled = r["pooled_before_fall"]["all"]
+            share = pooled["fell"] / pooled["responses"] if pooled["responses"] else None
+            steps = f"{r['steps']}" + ("" if done[arm][seed] else " (partial)")
+            ems = ", ".join(f"{v:.3f}" for s, v in sorted(r["em"].items()) if s > 0) or "-"
+            md.append(
+                f"| {arm} | {seed} | {steps} | {r['collapse'] or '-'} "
+                f"| {_fmt(share)} ({pooled['fell']}/{pooled['responses']}) "
+                f"| {r['lld_window'] or '-'} | {r['lld_probe_step'] or '-'} | {ems} |"
+            )
+    md += [
+        "",
+        "## Per arm (complete runs only)",
+        "",
+        "Each cell: every seed's value in seed order; their median; their mean ± one standard "
+        "error (sample s.d. / sqrt(seeds)).",
+        "",
+        f"| arm | seeds | pooled share fell before any fall | held-out EM at {STEPS} | collapse |",
+        "|---|---|---|---|---|",
+    ]
+    for arm, a in per_arm.items():
+        collapses = " / ".join(str(c) if c else "none" for c in a["collapses"]) or "-"
+        md.append(
+            f"| {arm} | {', '.join(map(str, a['seeds'])) or '-'} | {_spread(a['share'])} "
+            f"| {_spread(a['em_300'])} | {collapses} |"
+        )
+    seeds = answers["complete_seeds"]
+    gap = answers["detectable_gap"]
+    md += [
+        "",
+        "## Answers (CONFIRMATION.md; complete runs only)",
+        "",
+        f"Complete seeds: {seeds[BASE_ARM]} of {BASE_ARM}, {seeds[llds_arm]} of {llds_arm}.",
+        "",
+        f"1. **Prevention** (the theorem study's rule): {answers['prevention']}; LLD under GRPO: "
+        f"{answers['lld_under_grpo']}",
+    ]
+    for name, value in (answers["conditions"] or {}).items():
+        md.append(f"   - {name}: {value}")
+    md += [
+        f"2. **Held-out EM at {STEPS}**: {answers['em_verdict']} (mean {llds_arm} - {BASE_ARM} "
+        f"{_fmt(answers['em_difference'], '+.3f')}, exact permutation p "
+        f"{_fmt(answers['em_permutation_p'])})",
+        f"3. **Collapses**: {answers['collapsed'] or '-'} (Fisher's exact p "
+        f"{_fmt(answers['collapse_fisher_p'])})",
+        "",
+        "Power: "
+        + (
+            "no complete pair of seeds yet."
+            if gap is None
+            else f"{min(seeds.values())} seeds per arm detect an EM gap of about {gap:.2f} at "
+            f"80% (two-sided 5%, seed SD {EM_SD}); smaller gaps can go undetected."
+        ),
+    ]
+    return "\n".join(md) + "\n"
+
+
+def load_logs(root: Path, llds_arm: str) -> dict[str, dict[int, list[dict[str, Any]]]]:
+    """`{arm: {seed: rows}}` from `root/ARM/seedN/metrics.jsonl.gz` for `lam0` and `llds_arm`,
+    every seed found (6 or more)."""
+    out: dict[str, dict[int, list[dict[str, Any]]]] = {}
+    for arm in (BASE_ARM, llds_arm):
+        for folder in sorted((root / arm).glob("seed*"), key=lambda p: int(p.name[4:])):
+            path = folder / COMMITTED_LOG
+            if path.is_file():
+                out.setdefault(arm, {})[int(folder.name[4:])] = read_committed_metrics(path)
+    return out

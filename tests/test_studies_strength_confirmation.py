@@ -1,0 +1,116 @@
+"""The LLDS-strength confirmation's tables and answers (CONFIRMATION.md), checked against
+values computed by hand or by brute force."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+
+import pytest
+
+from llds.studies.strength_confirmation import (
+    arm_for,
+    confirmation_summary,
+    detectable_gap,
+    exact_permutation_p,
+    fisher_p,
+)
+
+
+def _brute_p(a: list[float], b: list[float]) -> float:
+    """Every relabelling of the pooled values, counted by hand."""
+    pooled, k = a + b, len(a)
+    observed = abs(statistics.mean(a) - statistics.mean(b))
+    hits = total = 0
+    for chosen in itertools.combinations(range(len(pooled)), k):
+        x = [pooled[i] for i in chosen]
+        y = [pooled[i] for i in range(len(pooled)) if i not in chosen]
+        total += 1
+        hits += abs(statistics.mean(x) - statistics.mean(y)) >= observed - 1e-12
+    return hits / total
+
+
+def test_exact_permutation_p_counts_every_split() -> None:
+    a, b = [0.70, 0.62, 0.81, 0.55], [0.41, 0.48, 0.66, 0.35, 0.50]
+    assert exact_permutation_p(a, b) == pytest.approx(_brute_p(a, b))
+    # complete separation of 3 against 3: 2 of the 20 splits are as extreme
+    assert exact_permutation_p([1.0, 1.1, 1.2], [0.0, 0.1, 0.2]) == pytest.approx(0.1)
+    assert exact_permutation_p([], [0.1]) is None
+
+
+def test_fisher_p_and_detectable_gap_by_hand() -> None:
+    # 3 of 3 against 0 of 3: the observed table and its mirror, each 1 / C(6, 3)
+    assert fisher_p(3, 3, 0, 3) == pytest.approx(2 / 20)
+    assert fisher_p(1, 3, 1, 3) == pytest.approx(1.0)
+    assert fisher_p(0, 0, 1, 3) is None
+    # (1.95996 + 0.84162) x 0.25 x sqrt(2 / n)
+    assert detectable_gap(6) == pytest.approx(2.80158 * 0.25 * math.sqrt(1 / 3), rel=1e-4)
+    assert detectable_gap(25) == pytest.approx(0.198, abs=1e-3)
+
+
+def test_arm_for_names_the_dose_arm() -> None:
+    assert arm_for(0.6) == "lam0.6"
+    assert arm_for(2) == "lam2"
+    with pytest.raises(ValueError, match=r"lambda 0\.3"):
+        arm_for(0.3)
+
+
+def _rows(collapse_at: int | None, em_300: float, fell: int, steps: int = 300) -> list[dict]:
+    """A run: reward 0.6 until `collapse_at`, then 0.05; 10 positive responses a step of which
+    `fell` lost likelihood; held-out EM at 300."""
+    rows = []
+    for s in range(1, steps + 1):
+        low = collapse_at is not None and s >= collapse_at
+        row = {"step": s, "reward/mean": 0.05 if low else 0.6}
+        row.update({"lld/share_pos_fell": fell / 10, "lld/n_pos": 10})
+        if s == 300:
+            row["eval/em"] = em_300
+        rows.append(row)
+    return rows
+
+
+def test_summary_counts_complete_runs_only() -> None:
+    """Three complete GRPO runs (two collapse), two complete LLDS runs and a partial one: the
+    answers use the five complete runs; every figure below is worked out by hand."""
+    runs = {
+        "lam0": {
+            1: _rows(200, 0.30, fell=5),
+            2: _rows(None, 0.50, fell=5),
+            3: _rows(150, 0.20, fell=5),
+        },
+        "lam0.6": {
+            1: _rows(None, 0.70, fell=2),
+            2: _rows(None, 0.60, fell=2),
+            3: _rows(None, 0.90, fell=2, steps=120),  # partial: out of every answer
+        },
+    }
+    out = confirmation_summary(runs, "lam0.6")
+    data, ans = out["json"], out["json"]["answers"]
+    assert data["complete"] == {
+        "lam0": {1: True, 2: True, 3: True},
+        "lam0.6": {1: True, 2: True, 3: False},
+    }
+    # the collapse: the first step whose 10-step median reward is at or below half the peak
+    assert [data["runs"]["lam0"][s]["collapse"] for s in (1, 2, 3)] == [205, None, 155]
+    assert ans["complete_seeds"] == {"lam0": 3, "lam0.6": 2}
+    assert ans["collapsed"] == {"lam0": 2, "lam0.6": 0}
+    assert ans["collapse_fisher_p"] == pytest.approx(fisher_p(0, 2, 2, 3))
+    assert ans["em_difference"] == pytest.approx(0.65 - (0.30 + 0.50 + 0.20) / 3)
+    assert ans["em_permutation_p"] == pytest.approx(_brute_p([0.70, 0.60], [0.30, 0.50, 0.20]))
+    assert ans["detectable_gap"] == pytest.approx(detectable_gap(2))
+    # shares before any fall: 0.5 in every window for GRPO (above the 0.40 rule: LLD in all
+    # three), 0.2 for lam0.6 (none); 0.2 <= 0.5 / 2 and its EM is higher: "prevents it"
+    assert ans["lld_under_grpo"].startswith("yes: LLD in 3 of 3")
+    assert ans["prevention"] == "LLDS prevents it"
+    assert "| lam0.6 | 3 | 120 (partial) |" in out["markdown"]
+    assert "0.700 / 0.600; median 0.650" in out["markdown"]
+
+
+def test_summary_before_any_complete_run_is_pending() -> None:
+    out = confirmation_summary({"lam0": {1: _rows(None, 0.5, 5, steps=40)}}, "lam2")
+    ans = out["json"]["answers"]
+    assert ans["em_verdict"] == "pending"
+    assert ans["prevention"] == "pending"
+    assert ans["detectable_gap"] is None
+    assert "no complete pair of seeds yet" in out["markdown"]
