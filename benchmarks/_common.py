@@ -14,6 +14,7 @@ __all__ = [
     "machine",
     "median_time",
     "single_turn_config",
+    "step_zero_requests",
     "world_tokenizer",
 ]
 
@@ -28,6 +29,28 @@ def median_time(fn: Callable[[], object], repeats: int, warmup: int = 1) -> floa
         fn()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def step_zero_requests(cfg, tok, questions, group: int) -> list:
+    """`group` rollout requests per question with the seeds the trainer gives them at step 0,
+    prompts built as the trainer builds them (`cfg` is a `TrainConfig`)."""
+    from llds.env.prompts import build_prompt_ids
+    from llds.rollout import RolloutRequest
+    from llds.train.build import prompt_template
+    from llds.train.trainer import rollout_seed
+
+    template = prompt_template(cfg)
+    return [
+        RolloutRequest(
+            build_prompt_ids(tok, q.question, template, chat=cfg.model.chat),
+            q.id,
+            f"{q.id}@0:{j}",
+            q.answers,
+            seed=rollout_seed(cfg.seed, 0, j * group + i),
+        )
+        for j, q in enumerate(questions)
+        for i in range(group)
+    ]
 
 
 SINGLE_TURN_TEMPLATE = "Question: {question}\nAnswer: "

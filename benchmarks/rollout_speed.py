@@ -35,14 +35,11 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine
+from _common import machine, step_zero_requests
 from llds.data.world import WorldConfig, generate_world, write_world
-from llds.env.prompts import build_prompt_ids
 from llds.retrieval.factory import build_retriever
-from llds.rollout import RolloutEngine, RolloutRequest
-from llds.train.build import prompt_template
+from llds.rollout import RolloutEngine
 from llds.train.config import load_config
-from llds.train.trainer import rollout_seed
 
 ROOT = Path(__file__).resolve().parents[1]
 WORLDS = {
@@ -100,18 +97,7 @@ def _chunk(name: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     rollout = dataclasses.replace(cfg.rollout, topk=cfg.retriever.topk)
     group = rollout.group_size
     questions = world.train[: rollout.max_rows // group]
-    template = prompt_template(cfg)
-    requests = [
-        RolloutRequest(
-            build_prompt_ids(tok, q.question, template, chat=cfg.model.chat),
-            q.id,
-            f"{q.id}@0:{j}",
-            q.answers,
-            seed=rollout_seed(cfg.seed, 0, j * group + i),
-        )
-        for j, q in enumerate(questions)
-        for i in range(group)
-    ]
+    requests = step_zero_requests(cfg, tok, questions, group)
     engines = {
         kind: RolloutEngine(model, tok, retriever, dataclasses.replace(rollout, cache=kind))
         for kind in ("dynamic", "static")

@@ -241,3 +241,35 @@ def test_split_lm_head_only_for_a_plain_linear_head(world_tokenizer) -> None:
     peft_model = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"]))
     backbone, _ = split_lm_head(peft_model)
     assert any("lora_A" in name for name, _ in backbone.named_parameters())
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_log_probs_and_pooled_hidden_from_one_pass(world_tokenizer, monkeypatch, shared) -> None:
+    """One forward gives what the two separate passes give (each checked above against rows run
+    alone): with the shared-prompt pass (one micro-batch, so prompts repeat in it) and with the
+    plain pass over several micro-batches. A model whose head cannot be split off gets None
+    (two passes then)."""
+    model = make_tiny_model(world_tokenizer, seed=3).eval()
+    batch = _batch(len(world_tokenizer), world_tokenizer.pad_token_id)
+    budget = 10_000 if shared else 40
+    if not shared:
+        _plain(monkeypatch)
+    calls: list[int] = []
+    hook = model.model.register_forward_hook(lambda mod, args, out: calls.append(1))
+    both = forward_mod.batched_log_probs_and_hidden(model, batch, budget, temperature=0.8)
+    n_calls = len(calls)
+    hook.remove()
+    assert both is not None
+    lp, pooled = both
+    lp0, _ = batched_log_probs(model, batch, budget, temperature=0.8)
+    pooled0 = pooled_response_hidden(model, batch, budget)
+    written = batch.loss_mask.bool()
+    assert torch.allclose(lp[written], lp0[written], atol=1e-5)
+    assert not lp[~written].any()
+    assert torch.allclose(pooled, pooled0, atol=1e-5)
+    n_micro = len(forward_mod.plan_micro_batches(batch, list(range(len(batch))), budget))
+    # one backbone pass per micro-batch; the shared prompt's is two (prompts, then responses)
+    assert (n_micro, n_calls) == ((1, 2) if shared else (n_micro, n_micro))
+    assert shared or n_micro > 1
+    model.config.final_logit_softcapping = 30.0
+    assert forward_mod.batched_log_probs_and_hidden(model, batch, budget) is None

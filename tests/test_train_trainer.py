@@ -576,6 +576,54 @@ def test_probe_and_hidden_similarity_leave_training_unchanged(
     assert all(torch.equal(a, b) for a, b in zip(params["off"], params["on"], strict=True))
 
 
+def test_hidden_similarity_comes_from_the_displacement_pass(
+    tmp_path, small_world, world_tokenizer, world_retriever, monkeypatch
+):
+    """The similarity's pooled states come from the displacement's forward (no second pass):
+    every logged value agrees with a run that measures them in a pass of their own, and the
+    trained weights are the same bit for bit."""
+    from llds.train import diagnostics as diag_mod
+
+    separate_calls: list[int] = []
+    pooled_alone = diag_mod.pooled_response_hidden
+
+    def spy(*args, **kwargs):
+        separate_calls.append(1)
+        return pooled_alone(*args, **kwargs)
+
+    monkeypatch.setattr(diag_mod, "pooled_response_hidden", spy)
+    measure = diag_mod.Diagnostics.after_update
+
+    def mixed_groups(self, batch, *args):
+        # a tiny random model answers nothing right: mark every other response correct (read
+        # by the diagnostics only, after the update) so that every group is mixed
+        for i, episode in enumerate(batch.episodes):
+            episode.em = float(i % 2)
+        return measure(self, batch, *args)
+
+    monkeypatch.setattr(diag_mod.Diagnostics, "after_update", mixed_groups)
+    runs = {}
+    for name in ("one pass", "two passes"):
+        if name == "two passes":
+            monkeypatch.setattr(diag_mod, "batched_log_probs_and_hidden", lambda *a, **k: None)
+        extra = ["steps=3", "diagnostics.hidden_similarity_every=1"]
+        tr = _trainer(tmp_path / name, small_world, world_tokenizer, world_retriever, extra)
+        runs[name] = (tr.train(), [p.detach().clone() for p in tr.model.parameters()])
+        if name == "one pass":
+            assert separate_calls == []
+    assert len(separate_calls) == 3
+    (fused, w1), (alone, w2) = runs["one pass"], runs["two passes"]
+    assert all(torch.equal(a, b) for a, b in zip(w1, w2, strict=True))
+    key = "lld/hidden_cos_correct_incorrect"
+    values = [(a.get(key), b.get(key)) for a, b in zip(fused, alone, strict=True)]
+    assert all(a is not None and a == a for a, _ in values)  # measured every step (not NaN)
+    assert [a for a, _ in values] == pytest.approx([b for _, b in values], abs=1e-5)
+    for a, b in zip(fused, alone, strict=True):
+        for k in a:
+            if k.startswith("lld/") and k != key and isinstance(a[k], float) and a[k] == a[k]:
+                assert a[k] == pytest.approx(b[k], abs=1e-5), k
+
+
 def test_probe_settings_are_checked_by_name():
     with pytest.raises(ConfigError, match=r"diagnostics\.probe_lr"):
         load_config(None, [*BASE, "diagnostics.probe_every=5", "diagnostics.probe_lr=0"])

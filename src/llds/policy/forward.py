@@ -32,6 +32,39 @@ def response_log_probs(
     unless `share_prompts=False`: a sharded model needs exactly one model call per micro-batch
     on every rank, and the shared path makes one or two depending on the data.
     """
+    split = split_lm_head(model) if actions_only else None
+    lp, ent, _ = _scores(model, batch, split, temperature, with_entropy, share_prompts, False)
+    return lp, ent
+
+
+def response_log_probs_and_hidden(
+    model, batch: RolloutBatch, *, temperature: float = 1.0
+) -> tuple[Tensor, Tensor] | None:
+    """`response_log_probs` and `pooled_response_hidden` from one forward pass, or None when the
+    head cannot be split off the backbone (then they are two passes).
+
+    The backbone's last hidden state at response column t scores token t + 1 and is the state
+    the hidden similarity pools for token t, so the pooled states come with the log-probs for
+    the price of one more column."""
+    split = split_lm_head(model)
+    if split is None:
+        return None
+    lp, _, pooled = _scores(model, batch, split, temperature, False, True, True)
+    assert pooled is not None
+    return lp, pooled
+
+
+def _scores(
+    model,
+    batch: RolloutBatch,
+    split: tuple[object, object] | None,
+    temperature: float,
+    with_entropy: bool,
+    share_prompts: bool,
+    pool_hidden: bool,
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """`(log-probs, entropy, pooled hidden)` of the response columns (see the two callers); the
+    pooled hidden needs `split` and runs the sequence through its last column."""
     r, p = batch.response_len, batch.prompt_len
     device = next(model.parameters()).device
     ids = batch.input_ids.to(device)
@@ -39,15 +72,17 @@ def response_log_probs(
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     labels = ids[:, p:]
     t = temperature if temperature > 0 else 1.0
-    split = split_lm_head(model) if actions_only else None
     net = split[0] if split is not None else model
     if split is not None:
         # the model-written columns' (row, column) indices, taken before the forward is queued:
         # a boolean index of a GPU tensor would make the host wait for the forward to finish
         written = batch.loss_mask.bool().nonzero().to(device).unbind(1)
+    end = None if pool_hidden else -1  # the last column predicts nothing, but is pooled
     states = None
     if share_prompts and r > 1:
-        states = _shared_prompt_outputs(net, ids, mask, positions, p, hidden=split is not None)
+        states = _shared_prompt_outputs(
+            net, ids, mask, positions, p, hidden=split is not None, end=end
+        )
     if states is None:
         out = net(
             input_ids=ids,
@@ -57,15 +92,24 @@ def response_log_probs(
             **({} if split is not None else {"logits_to_keep": r + 1}),
         )
         # position P-1+t predicts response token t
-        states = out.last_hidden_state[:, p - 1 : -1] if split is not None else out.logits[:, :-1]
+        states = out.last_hidden_state[:, p - 1 : end] if split is not None else out.logits[:, :-1]
     if split is None:
-        return token_log_probs_and_entropy(states, labels, temperature=t, with_entropy=with_entropy)
+        lp, ent = token_log_probs_and_entropy(
+            states, labels, temperature=t, with_entropy=with_entropy
+        )
+        return lp, ent, None
+    pooled = None
+    if pool_hidden:
+        weight = batch.loss_mask.to(device).float().unsqueeze(-1)
+        pooled = (states[:, 1:].float() * weight).sum(1) / weight.sum(1).clamp(min=1)
+        states = states[:, :-1]
     logits = split[1](states[written])  # [N, V]: the model-written tokens only
     lp, ent = token_log_probs_and_entropy(
         logits, labels[written], temperature=t, with_entropy=with_entropy
     )
     zeros = torch.zeros(labels.shape, dtype=lp.dtype, device=device)
-    return zeros.index_put(written, lp), (None if ent is None else zeros.index_put(written, ent))
+    lp = zeros.index_put(written, lp)
+    return lp, (None if ent is None else zeros.index_put(written, ent)), pooled
 
 
 def split_lm_head(model) -> tuple[object, object] | None:
@@ -93,11 +137,12 @@ def split_lm_head(model) -> tuple[object, object] | None:
 
 
 def _shared_prompt_outputs(
-    net, ids: Tensor, mask: Tensor, positions: Tensor, p: int, *, hidden: bool
+    net, ids: Tensor, mask: Tensor, positions: Tensor, p: int, *, hidden: bool, end: int | None = -1
 ) -> Tensor | None:
     """`[B, R, X]` for the response columns with each distinct prompt run once, or None: the
     logits (X = V) of a causal LM, or with `hidden` the last hidden states (X = H) of its
-    backbone, at the positions that predict response tokens 0..R-1.
+    backbone, at the positions that predict response tokens 0..R-1 (`end=None`: and at the last
+    response column too, `[B, R + 1, X]`).
 
     The G rollouts of a group share their prompt, and causal attention makes the prompt's hidden
     states independent of what follows. So the distinct prompts go through the model once, their
@@ -128,9 +173,9 @@ def _shared_prompt_outputs(
         return None  # no cache, or one that cannot be gathered to rows: the plain path
     cache.batch_select_indices(inverse)  # the prompt's keys/values, one copy per row
     tail = net(
-        input_ids=ids[:, p:-1],
-        attention_mask=mask[:, :-1],
-        position_ids=positions[:, p:-1],
+        input_ids=ids[:, p:end],
+        attention_mask=mask[:, :end],
+        position_ids=positions[:, p:end],
         use_cache=True,
         **{cache_argument(net): cache},
     )
@@ -215,6 +260,30 @@ def batched_log_probs(
         if ent is not None and en is not None:
             ent[rows, :width] = en.float().cpu()
     return logp, ent
+
+
+@torch.no_grad()
+def batched_log_probs_and_hidden(
+    model, batch: RolloutBatch, token_budget: int, *, temperature: float = 1.0
+) -> tuple[Tensor, Tensor] | None:
+    """`(batched_log_probs, pooled_response_hidden)` of the whole batch from one forward per
+    micro-batch (`response_log_probs_and_hidden`), no gradient; None when the head cannot be
+    split off (then call the two)."""
+    if split_lm_head(model) is None:
+        return None
+    b, r = len(batch), batch.response_len
+    logp = torch.zeros(b, r)
+    pooled: Tensor | None = None
+    for rows in plan_micro_batches(batch, list(range(b)), token_budget):
+        sub = batch.select(rows)
+        both = response_log_probs_and_hidden(model, sub, temperature=temperature)
+        assert both is not None
+        lp, hidden = both
+        logp[rows, : sub.response_len] = lp.float().cpu()
+        if pooled is None:
+            pooled = torch.zeros(b, hidden.shape[-1])
+        pooled[rows] = hidden.cpu()
+    return logp, (pooled if pooled is not None else torch.zeros(0, 0))
 
 
 @torch.no_grad()

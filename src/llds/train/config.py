@@ -164,7 +164,8 @@ class DiagnosticsConfig:
     hidden_similarity_every: int = Field(default=10, ge=0)
     """every N steps, `lld/hidden_cos_correct_incorrect`: the mean cosine similarity of the last
     hidden states (averaged over response tokens) of correct and incorrect responses of a group
-    (one extra forward over the mixed groups' rollouts); 0 = off"""
+    (pooled in the displacement's forward pass; an extra pass over the mixed groups' rollouts
+    only where the LM head cannot be split off or `sample_fraction` < 1); 0 = off"""
     reference_every: int = Field(default=0, ge=0)
     """every N steps, `lld/ref_*`: the likelihood change of fixed reference chains, the starting
     policy's greedy answers to the held-out questions (`data.eval`, `data.eval_limit`), split

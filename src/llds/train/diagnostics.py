@@ -27,7 +27,11 @@ from llds.monitor.likelihood import (
     lld_share_metrics,
     share_by_part,
 )
-from llds.policy.forward import batched_log_probs, pooled_response_hidden
+from llds.policy.forward import (
+    batched_log_probs,
+    batched_log_probs_and_hidden,
+    pooled_response_hidden,
+)
 from llds.policy.precision import Precision
 from llds.probe.one_step import probe_metrics, run_probe
 from llds.probe.reference import REFERENCE_FILE, ReferenceChains
@@ -83,39 +87,60 @@ class Diagnostics:
         minibatch_of_row: Sequence[int],
     ) -> dict[str, float]:
         """Step `k`'s measurements once its updates are done: the displacement and the pooled
-        shares, and every `hidden_similarity_every` steps the hidden-state similarity."""
-        out = self.displacement(batch, old_logp, adv, k, minibatch_of_row)
+        shares, and every `hidden_similarity_every` steps the hidden-state similarity (from the
+        displacement's own forward pass where the model allows, see `_after_update_logp`)."""
         every = self.cfg.diagnostics.hidden_similarity_every
-        if every > 0 and k % every == 0:
-            out[keys.HIDDEN_COSINE] = self.hidden_similarity(batch)
+        hidden_due = every > 0 and k % every == 0
+        rows = self._displacement_rows(len(batch), k)
+        pool = hidden_due and len(rows) == len(batch)
+        new_logp, pooled = self._after_update_logp(batch.select(rows), pool)
+        out = self.displacement(batch, old_logp, adv, rows, new_logp, minibatch_of_row)
+        if hidden_due:
+            out[keys.HIDDEN_COSINE] = self.hidden_similarity(batch, pooled)
         return out
+
+    def _displacement_rows(self, b: int, k: int) -> list[int]:
+        """The rows the displacement measures: all, or a seeded `sample_fraction` of them."""
+        frac = self.cfg.diagnostics.sample_fraction
+        if frac >= 1.0:
+            return list(range(b))
+        gen = torch.Generator().manual_seed(self.cfg.seed * 104_729 + k)
+        return sorted(torch.randperm(b, generator=gen)[: max(1, round(frac * b))].tolist())
+
+    def _after_update_logp(
+        self, sub: RolloutBatch, pool_hidden: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The policy's log-probs of `sub` after the update, and with `pool_hidden` each row's
+        pooled last hidden state from the same forward pass (None when the model's head cannot
+        be split off; `hidden_similarity` then runs its own pass)."""
+        self.rollout_model.eval()  # after the update: under FSDP the refreshed copy
+        try:
+            with self.precision.autocast():
+                budget, t = self.cfg.optim.micro_batch_tokens, self.cfg.rollout.temperature
+                both = (
+                    batched_log_probs_and_hidden(self.rollout_model, sub, budget, temperature=t)
+                    if pool_hidden
+                    else None
+                )
+                if both is not None:
+                    return both
+                new_logp, _ = batched_log_probs(self.rollout_model, sub, budget, temperature=t)
+                return new_logp, None
+        finally:
+            self.model.train()
 
     def displacement(
         self,
         batch: RolloutBatch,
         old_logp: torch.Tensor,
         adv: torch.Tensor,
-        k: int,
+        rows: list[int],
+        new_logp: torch.Tensor,
         minibatch_of_row: Sequence[int] = (),
     ) -> dict[str, float]:
-        """One extra no-grad forward: how did this step's updates move the batch's likelihood?"""
-        frac = self.cfg.diagnostics.sample_fraction
-        b = len(batch)
-        if frac < 1.0:
-            gen = torch.Generator().manual_seed(self.cfg.seed * 104_729 + k)
-            rows = sorted(torch.randperm(b, generator=gen)[: max(1, round(frac * b))].tolist())
-        else:
-            rows = list(range(b))
+        """How did this step's updates move the likelihood of the batch's `rows`, whose
+        log-probs after the update are `new_logp`?"""
         sub = batch.select(rows)
-        self.rollout_model.eval()  # after the update: under FSDP the refreshed copy
-        with self.precision.autocast():
-            new_logp, _ = batched_log_probs(
-                self.rollout_model,
-                sub,
-                self.cfg.optim.micro_batch_tokens,
-                temperature=self.cfg.rollout.temperature,
-            )
-        self.model.train()
         w = sub.response_len
         correct = torch.tensor([e.em > 0 for e in sub.episodes])
         out = displacement_metrics(
@@ -172,9 +197,11 @@ class Diagnostics:
                 pooled[share] = f / pooled[n]
         return pooled
 
-    def hidden_similarity(self, batch: RolloutBatch) -> float:
+    def hidden_similarity(self, batch: RolloutBatch, pooled: torch.Tensor | None = None) -> float:
         """Fig. 3b of the paper: how alike the model represents correct and incorrect responses
-        of the same question (after this step's update; the mixed groups only)."""
+        of the same question (after this step's update; the mixed groups only). `pooled` is
+        every row's pooled hidden state when the displacement's pass computed it for all rows;
+        else this runs its own pass over the mixed groups' rows."""
         correct = [e.em > 0 for e in batch.episodes]
         verdicts: dict[str, set[bool]] = {}
         for g, ok in zip(batch.group_ids, correct, strict=True):
@@ -182,15 +209,18 @@ class Diagnostics:
         rows = [r for r, g in enumerate(batch.group_ids) if len(verdicts[g]) == 2]
         if not rows:
             return float("nan")
-        sub = batch.select(rows)
-        self.rollout_model.eval()
-        with self.precision.autocast():
-            pooled = pooled_response_hidden(
-                self.rollout_model, sub, self.cfg.optim.micro_batch_tokens
-            )
-        self.model.train()
+        if pooled is not None and len(pooled) == len(batch):
+            mixed = pooled[rows]
+        else:
+            sub = batch.select(rows)
+            self.rollout_model.eval()
+            with self.precision.autocast():
+                mixed = pooled_response_hidden(
+                    self.rollout_model, sub, self.cfg.optim.micro_batch_tokens
+                )
+            self.model.train()
         return group_hidden_similarity(
-            pooled, [batch.group_ids[r] for r in rows], [correct[r] for r in rows]
+            mixed, [batch.group_ids[r] for r in rows], [correct[r] for r in rows]
         )
 
     # ------------------------------------------------------------------ every N steps
