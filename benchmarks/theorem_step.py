@@ -1,14 +1,19 @@
-"""The theorem-world study's whole GRPO step, eager decode loop vs static-cache loop.
+"""The theorem-world study's whole GRPO step under two settings: by default the eager decode
+loop against the static-cache loop.
 
 Runs `--steps` steps of `experiments/theorem_world/base.yaml` (40 questions x 8 rollouts, up to
-5 turns, 10 mini-batches, the study's diagnostics) from the given warm start, once with
-`rollout.cache=dynamic` and once with `rollout.cache=static`, alternating the two runs step by
-step. Both loops sample the same tokens, so both runs train on the same rollouts and do equal
-work (the first step token for token; later steps start from weights that differ in float
-rounding, so the script stops if their mean response lengths differ by more than 2%). Reports
-the median over steps 2.. (step 1 is the warm-up) of each phase the trainer times (`time/*`).
+5 turns, 10 mini-batches, the study's diagnostics) from the given warm start, once per arm (by
+default `rollout.cache=dynamic` and `rollout.cache=static`; `--arms A B` names two others, each
+its config overrides separated by spaces), alternating the two runs step by step. Both arms
+must do equal work: both loops sample the same tokens, and a performance setting such as
+`optim.micro_batch_tokens` changes only float rounding, so both runs train on the same rollouts
+(the first step token for token; later steps start from weights that differ in float rounding,
+so the script stops if their mean response lengths differ by more than 2%). Reports the median
+over steps 2.. (step 1 is the warm-up) of each phase the trainer times (`time/*`).
 
     python benchmarks/theorem_step.py --model runs/theorem_world/model [--steps 4]
+    python benchmarks/theorem_step.py --model ... --arms optim.micro_batch_tokens=16384 \
+        optim.micro_batch_tokens=4096
 
 The warm start comes from `python experiments/theorem_world/warm_start.py --work
 runs/theorem_world`.
@@ -35,7 +40,7 @@ from llds.train.trainer import GRPOTrainer
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "experiments" / "theorem_world" / "base.yaml"
 PHASES = ("rollout", "old_logprob", "ref_logprob", "update", "diagnostics", "step")
-LOOPS = ("dynamic", "static")
+ARMS = ("rollout.cache=dynamic", "rollout.cache=static")
 
 
 def main() -> None:
@@ -43,29 +48,33 @@ def main() -> None:
     ap.add_argument("--model", required=True, help="the theorem world's warm start")
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--lr", type=float, default=None, help="default: the study's calibrated rate")
+    ap.add_argument(
+        "--arms", nargs=2, default=list(ARMS), help="two arms, each its overrides (space-separated)"
+    )
     args = ap.parse_args()
+    arms = tuple(args.arms)
     if args.lr is None:
         calibration = ROOT / "experiments" / "theorem_world" / "results" / "calibration.json"
         args.lr = json.loads(calibration.read_text(encoding="utf-8"))["chosen"]
     torch.set_num_threads(1)
     world = generate_world(WorldConfig.preset("theorem"))
     retriever = build_retriever(world.corpus, show_progress=False)
-    rows: dict[str, list[dict]] = {loop: [] for loop in LOOPS}
+    rows: dict[str, list[dict]] = {arm: [] for arm in arms}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         write_world(world, work / "world")
         trainers = {
-            loop: GRPOTrainer(
+            arm: GRPOTrainer(
                 load_config(
                     CONFIG,
                     [
-                        f"run_dir={work / loop}",
+                        f"run_dir={work / str(i)}",
                         f"model.path={args.model}",
                         f"optim.lr={args.lr}",
                         f"data.train={work / 'world' / 'train.jsonl'}",
                         f"data.eval={work / 'world' / 'test.jsonl'}",
                         f"retriever.source={work / 'world' / 'corpus.jsonl'}",
-                        f"rollout.cache={loop}",
+                        *arm.split(),
                         "eval_every=0",
                         "logging.progress=false",
                     ],
@@ -73,12 +82,12 @@ def main() -> None:
                 retriever=retriever,
                 resume=False,
             )
-            for loop in LOOPS
+            for i, arm in enumerate(arms)
         }
         for step in range(args.steps):
-            for loop in LOOPS if step % 2 == 0 else LOOPS[::-1]:
-                rows[loop].append(trainers[loop].train_step())
-            a, b = (rows[loop][-1] for loop in LOOPS)
+            for arm in arms if step % 2 == 0 else arms[::-1]:
+                rows[arm].append(trainers[arm].train_step())
+            a, b = (rows[arm][-1] for arm in arms)
             # the first step's rollouts are token-identical; later ones start from weights that
             # differ in float rounding (pi_old agrees to ~1e-6), so a sampled token may flip
             tokens = [r["rollout/response_tokens"] for r in (a, b)]
@@ -86,7 +95,7 @@ def main() -> None:
                 sys.exit(f"step {step + 1}: response lengths {tokens} differ: not equal work")
             print(
                 f"step {step + 1}: "
-                + ", ".join(f"{loop} {rows[loop][-1]['time/step']:.1f} s" for loop in LOOPS)
+                + ", ".join(f"{arm} {rows[arm][-1]['time/step']:.1f} s" for arm in arms)
                 + f"; reward {a['reward/mean']:.3f} / {b['reward/mean']:.3f}, "
                 f"{tokens[0]:.1f} / {tokens[1]:.1f} model tokens per response",
                 flush=True,
@@ -95,14 +104,12 @@ def main() -> None:
     print(f"\nmachine: {machine()}; torch threads 1")
     print(f"command: `python benchmarks/theorem_step.py {' '.join(sys.argv[1:])}`")
     print(f"learning rate {args.lr:g}; median over steps 2-{args.steps} (step 1 is the warm-up)\n")
-    print("| phase | eager loop (dynamic) | static loop | speed-up |")
+    print(f"| phase | {arms[0]} | {arms[1]} | speed-up |")
     print("|---|---|---|---|")
     for phase in PHASES:
-        med = {
-            loop: statistics.median(r[f"time/{phase}"] for r in rows[loop][1:]) for loop in LOOPS
-        }
-        ratio = med["dynamic"] / med["static"] if med["static"] > 0 else float("nan")
-        print(f"| {phase} | {med['dynamic']:.2f} s | {med['static']:.2f} s | {ratio:.2f}x |")
+        med = [statistics.median(r[f"time/{phase}"] for r in rows[arm][1:]) for arm in arms]
+        ratio = med[0] / med[1] if med[1] > 0 else float("nan")
+        print(f"| {phase} | {med[0]:.2f} s | {med[1]:.2f} s | {ratio:.2f}x |")
 
 
 if __name__ == "__main__":

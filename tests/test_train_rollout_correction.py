@@ -158,3 +158,27 @@ def test_resume_may_change_how_rollouts_decode_without_asking():
     free, asked = resume_changes(saved, requested, TrainConfig())
     assert sorted(key for key, _, _ in free) == ["rollout.cache", "rollout.compile", "steps"]
     assert asked == []
+
+
+def test_resume_may_change_the_micro_batch_budgets_without_asking():
+    """They change float rounding only (gradients and log-probs add up to the same values); a
+    checkpoint written before `logprob_micro_batch_tokens` existed counts it as its default."""
+    saved = to_dict(load_config(None, [*TRAIN_BASE, "optim.micro_batch_tokens=16384"]))
+    del saved["optim"]["logprob_micro_batch_tokens"]
+    unchanged = load_config(None, [*TRAIN_BASE, "optim.micro_batch_tokens=16384"])
+    assert resume_changes(saved, unchanged, TrainConfig()) == ([], [])
+    requested = load_config(
+        None,
+        [
+            *TRAIN_BASE,
+            "optim.micro_batch_tokens=4096",
+            "optim.logprob_micro_batch_tokens=16384",
+            "optim.lr=0.5",
+        ],
+    )
+    free, asked = resume_changes(saved, requested, TrainConfig())
+    assert sorted(key for key, _, _ in free) == [
+        "optim.logprob_micro_batch_tokens",
+        "optim.micro_batch_tokens",
+    ]
+    assert [key for key, _, _ in asked] == ["optim.lr"]

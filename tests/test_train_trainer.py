@@ -105,6 +105,55 @@ def test_micro_batching_does_not_change_the_gradient(
         assert any(a.abs().sum() > 0 for a in step_a)
 
 
+def test_no_grad_passes_take_their_own_token_budget(
+    tmp_path, small_world, world_tokenizer, world_retriever, monkeypatch
+):
+    """`optim.logprob_micro_batch_tokens` cuts the reference, pi_old and diagnostic passes; the
+    update keeps `optim.micro_batch_tokens`; the gradients agree with a run that uses one
+    budget for everything (the passes add up to the same log-probs)."""
+    from llds.policy import forward
+
+    budgets: dict[str, list[int]] = {"update": [], "no-grad": []}
+    plan = forward.plan_micro_batches
+
+    def spy(kind):
+        def planned(batch, rows, budget):
+            budgets[kind].append(budget)
+            return plan(batch, rows, budget)
+
+        return planned
+
+    monkeypatch.setattr(policy_update, "plan_micro_batches", spy("update"))
+    monkeypatch.setattr(forward, "plan_micro_batches", spy("no-grad"))
+    grads = []
+    for extra in (["optim.logprob_micro_batch_tokens=100000"], []):
+        for seen in budgets.values():
+            seen.clear()
+        tr = _trainer(
+            tmp_path / str(len(extra)),
+            small_world,
+            world_tokenizer,
+            world_retriever,
+            ["steps=1", "optim.micro_batch_tokens=40", "algo.kl_coef=0.1", *extra],
+        )
+        seen_grads: list[list[torch.Tensor]] = []
+        tr.optimizer.register_step_pre_hook(
+            lambda opt, args, kwargs, out=seen_grads: out.append(
+                [p.grad.detach().clone() for g in opt.param_groups for p in g["params"]]
+            )
+        )
+        tr.train()
+        grads.append(seen_grads)
+        assert budgets["update"] and set(budgets["update"]) == {40}
+        # the reference pass and the displacement pass at least
+        assert len(budgets["no-grad"]) >= 2
+        assert set(budgets["no-grad"]) == ({100000} if extra else {40})
+    # the first optimizer step's gradients (later ones start from weights that Adam's
+    # sign-like first step has moved apart by any rounding difference)
+    for a, b in zip(grads[0][0], grads[1][0], strict=True):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-7)
+
+
 def test_single_turn_training_needs_no_retriever(tmp_path, small_world, world_tokenizer):
     """`rollout.max_turns=0` is plain single-turn GRPO: no retriever is configured or opened."""
     no_retriever = [o for o in BASE if not o.startswith(("retriever.", "rollout.max_turns"))]

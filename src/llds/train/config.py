@@ -101,9 +101,19 @@ class OptimConfig:
     """passes over each rollout batch"""
     micro_batch_tokens: int = Field(default=16384, ge=1)
     """token budget of one forward+backward (rows x padded length)"""
+    logprob_micro_batch_tokens: int | None = Field(default=None, ge=1)
+    """token budget of one no-grad log-prob pass (the reference's, pi_old recomputed, the
+    diagnostics'); None = `micro_batch_tokens`. A pass without a backward can take larger
+    micro-batches: on a CPU the update is faster with small ones and these passes with large
+    ones (docs/training.md). Changes float rounding only, like `threads`"""
     max_nonfinite_in_a_row: int = Field(default=3, ge=1)
     """optimizer steps with a non-finite loss or gradient (skipped) in a row before the run
     stops"""
+
+    @property
+    def logprob_tokens(self) -> int:
+        """The no-grad passes' token budget (`logprob_micro_batch_tokens` or the update's)."""
+        return self.logprob_micro_batch_tokens or self.micro_batch_tokens
 
     def __post_init__(self) -> None:
         if self.warmup_ratio is not None and self.warmup_steps:

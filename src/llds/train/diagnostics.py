@@ -116,7 +116,7 @@ class Diagnostics:
         self.rollout_model.eval()  # after the update: under FSDP the refreshed copy
         try:
             with self.precision.autocast():
-                budget, t = self.cfg.optim.micro_batch_tokens, self.cfg.rollout.temperature
+                budget, t = self.cfg.optim.logprob_tokens, self.cfg.rollout.temperature
                 both = (
                     batched_log_probs_and_hidden(self.rollout_model, sub, budget, temperature=t)
                     if pool_hidden
@@ -216,7 +216,7 @@ class Diagnostics:
             self.rollout_model.eval()
             with self.precision.autocast():
                 mixed = pooled_response_hidden(
-                    self.rollout_model, sub, self.cfg.optim.micro_batch_tokens
+                    self.rollout_model, sub, self.cfg.optim.logprob_tokens
                 )
             self.model.train()
         return group_hidden_similarity(
@@ -234,7 +234,7 @@ class Diagnostics:
             with self.scoring_mode():
                 out.update(
                     self.reference.metrics(
-                        self.rollout_model, self.engine.pad_id, self.cfg.optim.micro_batch_tokens
+                        self.rollout_model, self.engine.pad_id, self.cfg.optim.logprob_tokens
                     )
                 )
         return out
@@ -300,7 +300,7 @@ class Diagnostics:
                 engine,
                 [(self.prompt_ids(ex), ex) for ex in examples],
                 self.engine.pad_id,
-                cfg.optim.micro_batch_tokens,
+                cfg.optim.logprob_tokens,
             )
         chains.write(path)
         self.reference = chains

@@ -53,6 +53,8 @@ ALWAYS_ALLOWED = (
     "make_inputs",
     "rollout.cache",
     "rollout.compile",
+    "optim.micro_batch_tokens",
+    "optim.logprob_micro_batch_tokens",
 )
 """Keys a resume may change without permission: none of them changes what a step computes.
 `steps` extends (or shortens) the run; with a decaying schedule or `optim.warmup_ratio` the
@@ -60,7 +62,8 @@ learning rate of the remaining steps follows the new total. `run_dir` changes wh
 directory is moved; `threads`, checkpointing and logging change how, not what, is trained;
 so do the decode loop's cache and compilation (`rollout.cache`, `rollout.compile`), whose
 rollouts are the eager loop's token for token (tested), up to float rounding as with `threads`
-(a run begun before `compile` defaulted to `auto` resumes without asking)."""
+(a run begun before `compile` defaulted to `auto` resumes without asking), and the micro-batch
+token budgets, whose gradients and log-probs add up to the same values (tested)."""
 
 ALL = "all"
 

@@ -63,7 +63,7 @@ def old_logprobs(
         logp, entropy = batched_log_probs(
             model,
             batch,
-            cfg.optim.micro_batch_tokens,
+            cfg.optim.logprob_tokens,
             temperature=cfg.rollout.temperature,
             with_entropy=True,
         )
@@ -78,6 +78,6 @@ def reference_logprobs(
         return None
     with precision.autocast():
         logp, _ = batched_log_probs(
-            ref_model, batch, cfg.optim.micro_batch_tokens, temperature=cfg.rollout.temperature
+            ref_model, batch, cfg.optim.logprob_tokens, temperature=cfg.rollout.temperature
         )
     return logp
