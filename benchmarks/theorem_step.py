@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import sys
 import tempfile
@@ -102,7 +103,7 @@ def main() -> None:
             )
 
     print(f"\nmachine: {machine()}; torch threads 1")
-    print(f"command: `python benchmarks/theorem_step.py {' '.join(sys.argv[1:])}`")
+    print(f"command: `python benchmarks/theorem_step.py {shlex.join(sys.argv[1:])}`")
     print(f"learning rate {args.lr:g}; median over steps 2-{args.steps} (step 1 is the warm-up)\n")
     print(f"| phase | {arms[0]} | {arms[1]} | speed-up |")
     print("|---|---|---|---|")

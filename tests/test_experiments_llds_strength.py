@@ -61,6 +61,8 @@ def test_the_confirmation_runs_grpo_against_rule_5s_lambda_in_pairs(tmp_path: Pa
     ]
     assert [r["run"] for r in plan] == [False, True, True, True, True, True]
     assert {r["config"]["steps"] for r in plan} == {300}
+    assert {r["config"]["optim"]["micro_batch_tokens"] for r in plan} == {4096}
+    assert {r["config"]["optim"]["logprob_micro_batch_tokens"] for r in plan} == {16384}
     assert {r["config"]["algo"]["llds"]["coef"] for r in plan if r["arm"] == "lam0.6"} == {0.6}
     assert plan[3]["config"]["run_dir"] == str(tmp_path / "work" / "lam0.6" / "seed2")
 

@@ -27,6 +27,9 @@ from llds.studies.strength_confirmation import (
 )
 from run import HERE, driver_arguments, execute, ordered_runs, plan
 
+SPEED = ("optim.micro_batch_tokens=4096", "optim.logprob_micro_batch_tokens=16384")
+"""CONFIRMATION.md: micro-batch budgets that change float rounding only, 1.13x faster here."""
+
 
 def chosen_arm(study: Path) -> str:
     """The arm rule 5 picked, from the dose-response's tables (`tables.py` writes them)."""
@@ -55,7 +58,11 @@ def main() -> None:
     theorem, work, results = Path(args.theorem), Path(args.work), Path(args.results)
     arm = chosen_arm(Path(args.study))
     runs = plan(
-        theorem, work, results, ordered_runs([BASE_ARM, arm], args.seeds), [f"steps={STEPS}"]
+        theorem,
+        work,
+        results,
+        ordered_runs([BASE_ARM, arm], args.seeds),
+        [f"steps={STEPS}", *SPEED],
     )
     execute(runs, theorem, work, results, args)
     if not args.dry_run:
