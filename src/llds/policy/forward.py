@@ -33,7 +33,15 @@ def response_log_probs(
     on every rank, and the shared path makes one or two depending on the data.
     """
     split = split_lm_head(model) if actions_only else None
-    lp, ent, _ = _scores(model, batch, split, temperature, with_entropy, share_prompts, False)
+    lp, ent, _ = _scores(
+        model,
+        batch,
+        split,
+        temperature,
+        with_entropy=with_entropy,
+        share_prompts=share_prompts,
+        pool_hidden=False,
+    )
     return lp, ent
 
 
@@ -49,7 +57,9 @@ def response_log_probs_and_hidden(
     split = split_lm_head(model)
     if split is None:
         return None
-    lp, _, pooled = _scores(model, batch, split, temperature, False, True, True)
+    lp, _, pooled = _scores(
+        model, batch, split, temperature, with_entropy=False, share_prompts=True, pool_hidden=True
+    )
     assert pooled is not None
     return lp, pooled
 
@@ -59,6 +69,7 @@ def _scores(
     batch: RolloutBatch,
     split: tuple[object, object] | None,
     temperature: float,
+    *,
     with_entropy: bool,
     share_prompts: bool,
     pool_hidden: bool,
