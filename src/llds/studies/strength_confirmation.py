@@ -66,10 +66,6 @@ def fisher_p(yes_a: int, n_a: int, yes_b: int, n_b: int) -> float | None:
     return float(stats.fisher_exact(table, alternative="two-sided").pvalue)
 
 
-def _em_at_end(run: Mapping[str, Any]) -> float | None:
-    return run["em"].get(STEPS)
-
-
 def confirmation_summary(runs: Mapping[str, Mapping[int, Rows]], llds_arm: str) -> dict[str, Any]:
     """Every run's numbers, both arms over their complete seeds and the protocol's three answers,
     as `{"json": ..., "markdown": ...}`. `runs` is `{arm: {seed: rows}}` for `lam0` and
