@@ -19,7 +19,6 @@ import argparse
 import dataclasses
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -27,7 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine, step_zero_requests
-from llds.data.world import WorldConfig, generate_world, write_world
+from llds.data.world import WorldConfig, generate_world
 from llds.models.hf import load_policy
 from llds.monitor.likelihood import group_hidden_similarity
 from llds.policy.forward import (
@@ -58,9 +57,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     world = generate_world(WorldConfig.preset("theorem"))
-    with tempfile.TemporaryDirectory() as tmp:
-        write_world(world, Path(tmp) / "world")
-        cfg = load_config(CONFIG, [f"run_dir={tmp}/run", f"model.path={args.model}"])
+    cfg = load_config(CONFIG, [f"model.path={args.model}"])  # its rollout and pass settings
     model, tok = load_policy(args.model)
     model.eval()
     retriever = build_retriever(world.corpus, show_progress=False)
