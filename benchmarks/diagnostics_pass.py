@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine, step_zero_requests
 from llds.data.world import WorldConfig, generate_world
 from llds.models.hf import load_policy
-from llds.monitor.likelihood import group_hidden_similarity
+from llds.monitor.likelihood import group_hidden_similarity, mixed_group_rows
 from llds.policy.forward import (
     batched_log_probs,
     batched_log_probs_and_hidden,
@@ -40,14 +40,6 @@ from llds.train.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "experiments" / "theorem_world" / "base.yaml"
-
-
-def _mixed_rows(batch) -> list[int]:
-    """Rows of groups with both correct and incorrect responses (what the similarity reads)."""
-    verdicts: dict[str, set[bool]] = {}
-    for g, e in zip(batch.group_ids, batch.episodes, strict=True):
-        verdicts.setdefault(g, set()).add(e.em > 0)
-    return [r for r, g in enumerate(batch.group_ids) if len(verdicts[g]) == 2]
 
 
 def main() -> None:
@@ -67,7 +59,7 @@ def main() -> None:
     t0 = time.perf_counter()
     batch = RolloutEngine(model, tok, retriever, rollout).generate(requests)
     print(f"rollouts: {len(batch)} in {time.perf_counter() - t0:.1f} s", flush=True)
-    mixed = _mixed_rows(batch)
+    mixed = mixed_group_rows(batch.group_ids, [e.em > 0 for e in batch.episodes])
     groups = [batch.group_ids[r] for r in mixed]
     correct = [batch.episodes[r].em > 0 for r in mixed]
     budget, temp = cfg.optim.micro_batch_tokens, cfg.rollout.temperature

@@ -224,6 +224,15 @@ def pool_shares(parts: Sequence[Mapping[str, float]]) -> dict[str, float]:
     return out
 
 
+def mixed_group_rows(group_ids: Sequence[str], correct: Sequence[bool]) -> list[int]:
+    """The rows of groups holding both correct and incorrect responses (those the hidden-state
+    similarity compares), in batch order."""
+    verdicts: dict[str, set[bool]] = {}
+    for g, ok in zip(group_ids, correct, strict=True):
+        verdicts.setdefault(g, set()).add(ok)
+    return [r for r, g in enumerate(group_ids) if len(verdicts[g]) == 2]
+
+
 def group_hidden_similarity(
     pooled: Tensor, group_ids: Sequence[str], correct: Sequence[bool]
 ) -> float:

@@ -119,15 +119,6 @@ def _fmt(value: float | None, spec: str = ".3f") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def _spread(values: Sequence[float | None]) -> str:
-    s = theorem_study.seed_spread(values)
-    each = " / ".join(_fmt(v) for v in values) or "-"
-    if s["median"] is None:
-        return each
-    se = "" if s["se"] is None else f" ± {s['se']:.3f}"
-    return f"{each}; median {s['median']:.3f}, mean {s['mean']:.3f}{se}"
-
-
 def _markdown(
     per_run: Mapping[str, Mapping[int, Mapping[str, Any]]],
     done: Mapping[str, Mapping[int, bool]],
@@ -165,8 +156,9 @@ def _markdown(
     for arm, a in per_arm.items():
         collapses = " / ".join(str(c) if c else "none" for c in a["collapses"]) or "-"
         md.append(
-            f"| {arm} | {', '.join(map(str, a['seeds'])) or '-'} | {_spread(a['share'])} "
-            f"| {_spread(a['em_300'])} | {collapses} |"
+            f"| {arm} | {', '.join(map(str, a['seeds'])) or '-'} "
+            f"| {theorem_study.spread_md(a['share'], a['share_spread'])} "
+            f"| {theorem_study.spread_md(a['em_300'], a['em_spread'])} | {collapses} |"
         )
     seeds = answers["complete_seeds"]
     gap = answers["detectable_gap"]

@@ -371,7 +371,8 @@ def arm_over_seeds(
     }
 
 
-def _spread_md(values: Sequence[float | None], spread: Mapping[str, float | None]) -> str:
+def spread_md(values: Sequence[float | None], spread: Mapping[str, float | None]) -> str:
+    """A table cell: every seed's value, then their median and mean +- SE (`seed_spread`)."""
     each = " / ".join(_fmt(v) for v in values)
     if spread["median"] is None:
         return each or "-"
@@ -510,8 +511,8 @@ def study_summary(
         collapses = " / ".join(str(c) if c else "none" for c in a["collapses"]) or "-"
         md.append(
             f"| {arm} | {', '.join(map(str, a['seeds'])) or '-'} "
-            f"| {_spread_md(a['share'], a['share_spread'])} "
-            f"| {_spread_md(a['em_300'], a['em_spread'])} | {collapses} |"
+            f"| {spread_md(a['share'], a['share_spread'])} "
+            f"| {spread_md(a['em_300'], a['em_spread'])} | {collapses} |"
         )
     md += [
         "",

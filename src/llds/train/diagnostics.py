@@ -25,6 +25,7 @@ from llds.monitor.likelihood import (
     group_correct_share,
     group_hidden_similarity,
     lld_share_metrics,
+    mixed_group_rows,
     share_by_part,
 )
 from llds.policy.forward import (
@@ -203,10 +204,7 @@ class Diagnostics:
         every row's pooled hidden state when the displacement's pass computed it for all rows;
         else this runs its own pass over the mixed groups' rows."""
         correct = [e.em > 0 for e in batch.episodes]
-        verdicts: dict[str, set[bool]] = {}
-        for g, ok in zip(batch.group_ids, correct, strict=True):
-            verdicts.setdefault(g, set()).add(ok)
-        rows = [r for r, g in enumerate(batch.group_ids) if len(verdicts[g]) == 2]
+        rows = mixed_group_rows(batch.group_ids, correct)
         if not rows:
             return float("nan")
         if pooled is not None and len(pooled) == len(batch):
