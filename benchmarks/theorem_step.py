@@ -14,6 +14,14 @@ over steps 2.. (step 1 is the warm-up) of each phase the trainer times (`time/*`
     python benchmarks/theorem_step.py --model runs/theorem_world/model [--steps 4]
     python benchmarks/theorem_step.py --model ... --arms optim.micro_batch_tokens=16384 \
         optim.micro_batch_tokens=4096
+    python benchmarks/theorem_step.py --model ... --profile
+
+`--profile` profiles one more step of the second arm (`torch.profiler`, CPU; a profile of the
+eager loop's step holds millions of events, more than 20 GB) and splits each phase's time into
+matrix-product kernels (dense layers and attention: the step's arithmetic) and the
+rest (`llds.train.phase_profile`), with the rate the products reach against this core's rate on
+a large product. The second arm's matrix-product seconds bound how fast its step could get
+without changing what it computes: the first arm's step over them is the largest speed-up left.
 
 The warm start comes from `python experiments/theorem_world/warm_start.py --work
 runs/theorem_world`.
@@ -30,12 +38,14 @@ import tempfile
 from pathlib import Path
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine
+from _common import machine, median_time
 from llds.data.world import WorldConfig, generate_world, write_world
 from llds.retrieval.factory import build_retriever
 from llds.train.config import load_config
+from llds.train.phase_profile import split_by_phase
 from llds.train.trainer import GRPOTrainer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,6 +61,9 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=None, help="default: the study's calibrated rate")
     ap.add_argument(
         "--arms", nargs=2, default=list(ARMS), help="two arms, each its overrides (space-separated)"
+    )
+    ap.add_argument(
+        "--profile", action="store_true", help="then profile one step per arm: arithmetic or not"
     )
     args = ap.parse_args()
     arms = tuple(args.arms)
@@ -101,6 +114,7 @@ def main() -> None:
                 f"{tokens[0]:.1f} / {tokens[1]:.1f} model tokens per response",
                 flush=True,
             )
+        profiled = _profile_step(trainers[arms[1]]) if args.profile else None
 
     print(f"\nmachine: {machine()}; torch threads 1")
     print(f"command: `python benchmarks/theorem_step.py {shlex.join(sys.argv[1:])}`")
@@ -111,6 +125,52 @@ def main() -> None:
         med = [statistics.median(r[f"time/{phase}"] for r in rows[arm][1:]) for arm in arms]
         ratio = med[0] / med[1] if med[1] > 0 else float("nan")
         print(f"| {phase} | {med[0]:.2f} s | {med[1]:.2f} s | {ratio:.2f}x |")
+    if profiled is not None:
+        step_a = statistics.median(r["time/step"] for r in rows[arms[0]][1:])
+        _print_profile(profiled, arms, step_a)
+
+
+def _profile_step(trainer: GRPOTrainer) -> dict:
+    """One more step under the profiler: its phases split into matrix products and the rest."""
+    with profile(activities=[ProfilerActivity.CPU], with_flops=True) as prof:
+        row = trainer.train_step()
+    return {"split": split_by_phase(prof.events()), "step": row["time/step"]}
+
+
+def _core_gflops(n: int = 1024, repeats: int = 5) -> float:
+    """This core's float32 matrix-product rate on one large square product (GFLOP/s)."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    return 2 * n**3 / median_time(lambda: a @ b, repeats) / 1e9
+
+
+def _print_profile(profiled: dict, arms: tuple[str, ...], step_a: float) -> None:
+    peak = _core_gflops()
+    split = profiled["split"]
+    print(f"\none more step of {arms[1]}, profiled (the profiler adds about 5-10%);")
+    print(f"this core's float32 rate on a 1024x1024x1024 product: {peak:.0f} GFLOP/s\n")
+    print(
+        "| phase | time | in matrix products | share | of which attention kernels | "
+        "rate of the dense products | rest |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for phase in (*PHASES[:-1], "other"):
+        if phase not in split:
+            continue
+        p = split[phase]
+        share = p.matrix_seconds / p.seconds if p.seconds else float("nan")
+        print(
+            f"| {phase} | {p.seconds:.2f} s | {p.matrix_seconds:.2f} s | {share:.0%} | "
+            f"{p.matrix_seconds - p.dense_seconds:.2f} s | {p.dense_gflops:.0f} GFLOP/s | "
+            f"{p.other_seconds:.2f} s |"
+        )
+    floor = sum(p.matrix_seconds for p in split.values())
+    attention = floor - sum(p.dense_seconds for p in split.values())
+    print(f"| step | {profiled['step']:.2f} s | {floor:.2f} s | | {attention:.2f} s | | |")
+    print(
+        f"\nif only its matrix products took time, the step would take {floor:.2f} s: "
+        f"{arms[0]}'s median step ({step_a:.2f} s) over that is {step_a / floor:.2f}x, the "
+        "largest speed-up left without less arithmetic"
+    )
 
 
 if __name__ == "__main__":

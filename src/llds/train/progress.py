@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from types import TracebackType
 from typing import Any
 
+import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -80,7 +81,11 @@ def summary(m: dict[str, Any]) -> str:
 
 class PhaseTimes:
     """Wall-clock seconds of a step's phases: `with times("rollout"): ...`, then
-    `times.metrics()` gives `time/<phase>` for each and `time/step` since it was made."""
+    `times.metrics()` gives `time/<phase>` for each and `time/step` since it was made.
+
+    Each phase is also a `torch.profiler` range named `llds/<phase>`, so a profile of a run
+    (`torch.profiler.profile`, TensorBoard's profiler) shows which phase each kernel belongs to;
+    with no profiler running the range costs about a microsecond."""
 
     def __init__(self) -> None:
         self.started = time.perf_counter()
@@ -90,7 +95,8 @@ class PhaseTimes:
     def __call__(self, phase: str) -> Iterator[None]:
         t0 = time.perf_counter()
         try:
-            yield
+            with torch.profiler.record_function(f"llds/{phase}"):
+                yield
         finally:
             self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - t0
 

@@ -1,0 +1,94 @@
+"""Where a profiled step's time goes: per phase (`PhaseTimes`' `llds/<phase>` ranges), the
+time spent in matrix-product kernels and the time spent in everything else.
+
+Why: whether a step can still be made much faster without changing what it computes depends on
+how much of it is arithmetic. The matrix products (linear layers, attention) are the step's
+arithmetic; a step whose time is mostly in them gains little from removing host overhead, and
+the step's time minus theirs bounds what removing all other work could save.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+DENSE_KERNELS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"})
+"""Matrix products whose FLOPs the profiler counts (`with_flops=True`)."""
+
+MATRIX_KERNELS = DENSE_KERNELS | frozenset(
+    {
+        "aten::_scaled_dot_product_flash_attention_for_cpu",
+        "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+        "aten::_scaled_dot_product_efficient_attention",
+        "aten::_scaled_dot_product_efficient_attention_backward",
+        "aten::_scaled_dot_product_flash_attention",
+        "aten::_scaled_dot_product_flash_attention_backward",
+        "aten::_scaled_dot_product_cudnn_attention",
+        "aten::_scaled_dot_product_cudnn_attention_backward",
+    }
+)
+"""Operators whose own (self) time is a matrix product: dense layers and attention kernels.
+The math fallback of attention runs as `bmm` and is counted by it."""
+
+PHASE_PREFIX = "llds/"
+
+
+@dataclass(frozen=True)
+class PhaseSplit:
+    """Seconds of one phase: its wall time, and the self time of its matrix-product kernels
+    (of which `dense_seconds` in those whose FLOPs are counted, `dense_flops`)."""
+
+    seconds: float
+    matrix_seconds: float
+    dense_seconds: float
+    dense_flops: float
+
+    @property
+    def dense_gflops(self) -> float:
+        """The rate the dense products reached (GFLOP/s; 0 without any)."""
+        return self.dense_flops / self.dense_seconds / 1e9 if self.dense_seconds else 0.0
+
+    @property
+    def other_seconds(self) -> float:
+        return max(self.seconds - self.matrix_seconds, 0.0)
+
+
+def split_by_phase(events: Iterable[Any]) -> dict[str, PhaseSplit]:
+    """`{phase: PhaseSplit}` from a CPU profile's `events()` (torch's `FunctionEvent`s): each
+    matrix-product kernel counts towards the `llds/<phase>` range that encloses its start on
+    its thread; kernels outside every phase go to `"other"`, whose seconds are theirs alone."""
+    events = list(events)
+    ranges = [
+        (e.thread, e.time_range.start, e.time_range.end, e.name[len(PHASE_PREFIX) :])
+        for e in events
+        if e.name.startswith(PHASE_PREFIX)
+    ]
+    wall: dict[str, float] = {}
+    for _, start, end, phase in ranges:
+        wall[phase] = wall.get(phase, 0.0) + (end - start) / 1e6
+    matrix: dict[str, float] = {}
+    dense: dict[str, float] = {}
+    flops: dict[str, float] = {}
+    for e in events:
+        if e.name not in MATRIX_KERNELS:
+            continue
+        at = e.time_range.start
+        around = [(t, p) for t, s, end, p in ranges if s <= at < end]
+        # its own thread's range first (a backward may run on another thread: then any range)
+        phase = next((p for t, p in around if t == e.thread), around[0][1] if around else "other")
+        own = e.self_cpu_time_total / 1e6
+        matrix[phase] = matrix.get(phase, 0.0) + own
+        if e.name in DENSE_KERNELS:
+            dense[phase] = dense.get(phase, 0.0) + own
+            flops[phase] = flops.get(phase, 0.0) + float(getattr(e, "flops", 0) or 0)
+    phases = list(wall) + [p for p in matrix if p not in wall]
+    return {
+        p: PhaseSplit(
+            seconds=wall.get(p, matrix.get(p, 0.0)),
+            matrix_seconds=matrix.get(p, 0.0),
+            dense_seconds=dense.get(p, 0.0),
+            dense_flops=flops.get(p, 0.0),
+        )
+        for p in phases
+    }
