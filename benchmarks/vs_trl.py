@@ -127,8 +127,11 @@ NATIVE_ARMS = {
 
 
 def profile_step(step, device: str, rows: int = 25) -> str:
-    """One call of `step` under torch's profiler: its costliest operators, as a table."""
+    """One call of `step` under torch's profiler: its costliest operators, as a table, and on a
+    CPU each phase's time in matrix-product kernels (the step's arithmetic) and the rest."""
     from torch.profiler import ProfilerActivity, profile
+
+    from llds.train.phase_profile import split_by_phase
 
     cuda = device.startswith("cuda")
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
@@ -137,7 +140,15 @@ def profile_step(step, device: str, rows: int = 25) -> str:
         if cuda:
             torch.cuda.synchronize()
     key = "self_device_time_total" if cuda else "self_cpu_time_total"
-    return prof.key_averages().table(sort_by=key, row_limit=rows)
+    table = prof.key_averages().table(sort_by=key, row_limit=rows)
+    if cuda:  # the host's kernel times are launches, not arithmetic
+        return table
+    lines = ["| phase | time | in matrix products | rest |", "|---|---|---|---|"]
+    for phase, p in split_by_phase(prof.events()).items():
+        lines.append(
+            f"| {phase} | {p.seconds:.3f} s | {p.matrix_seconds:.3f} s | {p.other_seconds:.3f} s |"
+        )
+    return table + "\n" + "\n".join(lines)
 
 
 @contextlib.contextmanager
