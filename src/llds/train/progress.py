@@ -85,7 +85,7 @@ class PhaseTimes:
 
     Each phase is also a `torch.profiler` range named `llds/<phase>`, so a profile of a run
     (`torch.profiler.profile`, TensorBoard's profiler) shows which phase each kernel belongs to;
-    with no profiler running the range costs about a microsecond."""
+    with no profiler running a range costs about 10 microseconds (five per step)."""
 
     def __init__(self) -> None:
         self.started = time.perf_counter()
