@@ -1,13 +1,20 @@
-"""A profiled step's time by phase: the `llds/<phase>` ranges `PhaseTimes` opens, and the
-matrix-product kernels each one holds (`llds.train.phase_profile`)."""
+"""A profiled step's time by phase: the `llds/<phase>` ranges `PhaseTimes` opens, the
+matrix-product kernels each one holds (`llds.train.phase_profile`), and a run's
+`logging.profile_step`."""
 
 from __future__ import annotations
+
+import json
+import logging
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from llds.train.phase_profile import split_by_phase
+from conftest import TRAIN_BASE, make_tiny_model
+from llds.train.config import load_config
+from llds.train.phase_profile import PhaseSplit, split_by_phase, summary_line
 from llds.train.progress import PhaseTimes
+from llds.train.trainer import GRPOTrainer
 
 
 def test_matrix_kernels_are_counted_in_the_phase_that_ran_them() -> None:
@@ -56,3 +63,73 @@ def test_without_a_profiler_phases_are_only_timed() -> None:
         pass
     assert set(times.metrics()) == {"time/rollout", "time/step"}
     assert times.metrics()["time/rollout"] <= times.metrics()["time/step"]
+
+
+def _trainer(run_dir, world, tok, retriever, extra=()):
+    cfg = load_config(None, [*TRAIN_BASE, f"run_dir={run_dir}", "steps=2", *extra])
+    return GRPOTrainer(
+        cfg,
+        model=make_tiny_model(tok, seed=0),
+        tokenizer=tok,
+        retriever=retriever,
+        train_examples=world.train,
+        resume=False,
+    )
+
+
+def test_a_profiled_step_keeps_its_trace_and_split_and_trains_the_same(
+    tmp_path, small_world, world_tokenizer, world_retriever, caplog
+) -> None:
+    plain = _trainer(tmp_path / "plain", small_world, world_tokenizer, world_retriever)
+    plain.train()
+    profiled = _trainer(
+        tmp_path / "profiled",
+        small_world,
+        world_tokenizer,
+        world_retriever,
+        ["logging.profile_step=2"],
+    )
+    with caplog.at_level(logging.INFO, logger="llds.train"):
+        rows = profiled.train()
+    # profiling changes no number the run computes
+    for a, b in zip(plain.model.parameters(), profiled.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert not (tmp_path / "plain" / "profile").exists()
+    out = tmp_path / "profiled" / "profile"
+    assert sorted(p.name for p in out.iterdir()) == [
+        "step_000002.phases.json",
+        "step_000002.pt.trace.json",
+    ]
+    names = {
+        e.get("name")
+        for e in json.loads((out / "step_000002.pt.trace.json").read_text())["traceEvents"]
+    }
+    assert {"llds/rollout", "llds/update", "aten::mm"} <= names
+    saved = json.loads((out / "step_000002.phases.json").read_text())
+    assert saved["step"] == 2 and saved["seconds"] == rows[1]["time/step"]
+    phases = saved["phases"]
+    assert {"rollout", "update", "ref_logprob", "diagnostics"} <= set(phases)
+    for p in phases.values():
+        assert 0 <= p["dense_seconds"] <= p["matrix_seconds"] <= p["seconds"] + 1e-9
+    assert phases["update"]["matrix_seconds"] > 0 and phases["update"]["dense_flops"] > 0
+    # each phase's range lasts about as long as the trainer timed it
+    for name in ("rollout", "update"):
+        assert (
+            abs(phases[name]["seconds"] - rows[1][f"time/{name}"])
+            < 0.1 * rows[1][f"time/{name}"] + 0.01
+        )
+    line = next(r.getMessage() for r in caplog.records if "profiled step 2" in r.getMessage())
+    assert "in matrix products (rollout" in line and "step_000002.pt.trace.json" in line
+
+
+def test_summary_line_gives_the_step_and_each_phase_share() -> None:
+    split = {
+        "rollout": PhaseSplit(10.0, 4.5, 4.0, 1e9),
+        "old_logprob": PhaseSplit(0.3, 0.1, 0.1, 1e8),  # under 1% of the step: left out
+        "update": PhaseSplit(20.0, 15.0, 10.0, 1e9),
+        "other": PhaseSplit(0.5, 0.5, 0.5, 0.0),
+    }
+    # (4.5 + 0.1 + 15 + 0.5) / 40 = 50.25%; 4.5 / 10 = 45%; 15 / 20 = 75%
+    assert (
+        summary_line(split, 40.0) == "50% of 40.00 s in matrix products (rollout 45%, update 75%)"
+    )

@@ -5,13 +5,21 @@ Why: whether a step can still be made much faster without changing what it compu
 how much of it is arithmetic. The matrix products (linear layers, attention) are the step's
 arithmetic; a step whose time is mostly in them gains little from removing host overhead, and
 the step's time minus theirs bounds what removing all other work could save.
+
+`write_step_profile` keeps one profiled step of a run (`logging.profile_step`): its trace and,
+on a CPU, its split.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+from llds.io import failing_writes_stop, write_json
 
 DENSE_KERNELS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"})
 """Matrix products whose FLOPs the profiler counts (`with_flops=True`)."""
@@ -92,3 +100,45 @@ def split_by_phase(events: Iterable[Any]) -> dict[str, PhaseSplit]:
         )
         for p in phases
     }
+
+
+def summary_line(split: dict[str, PhaseSplit], step_seconds: float) -> str:
+    """`"65% of 39.02 s in matrix products (rollout 45%, update 76%)"`: the step's share, then
+    each phase's, in the order the phases ran (those under 1% of the step left out)."""
+    matrix = sum(p.matrix_seconds for p in split.values())
+    parts = [
+        f"{name} {p.matrix_seconds / p.seconds:.0%}"
+        for name, p in split.items()
+        if name != "other" and p.seconds > 0.01 * step_seconds
+    ]
+    share = matrix / step_seconds if step_seconds > 0 else 0.0
+    return f"{share:.0%} of {step_seconds:.2f} s in matrix products ({', '.join(parts)})"
+
+
+def write_step_profile(
+    prof: Any, directory: Path, step: int, step_seconds: float, *, split: bool
+) -> tuple[Path, dict[str, PhaseSplit] | None]:
+    """Write a finished `torch.profiler.profile`'s trace to `directory/step_N.pt.trace.json`
+    and, with `split`, its phases to `step_N.phases.json` (both atomically: a failed write
+    leaves no partial file); returns the trace's path and the split."""
+    directory.mkdir(parents=True, exist_ok=True)
+    trace = directory / f"step_{step:06d}.pt.trace.json"
+    partial = directory / f".{trace.name}.tmp"
+    with failing_writes_stop(trace, "the run's log and checkpoints are intact; resume to go on"):
+        try:
+            prof.export_chrome_trace(str(partial))
+            os.replace(partial, trace)
+        finally:
+            partial.unlink(missing_ok=True)
+    if not split:
+        return trace, None
+    phases = split_by_phase(prof.events())
+    write_json(
+        directory / f"step_{step:06d}.phases.json",
+        {
+            "step": step,
+            "seconds": step_seconds,
+            "phases": {name: dataclasses.asdict(p) for name, p in phases.items()},
+        },
+    )
+    return trace, phases

@@ -37,6 +37,7 @@ from llds.train.checkpoint import load_training_state, set_rng_state
 from llds.train.config import TrainConfig
 from llds.train.distributed import Dist
 from llds.train.outage import generate_on_every_rank, retriever_gone_message
+from llds.train.phase_profile import summary_line, write_step_profile
 from llds.train.policy_update import PolicyUpdate
 from llds.train.progress import PhaseTimes, StepProgress
 from llds.train.prompts import PromptStream
@@ -175,7 +176,8 @@ class GRPOTrainer:
         try:
             with StepProgress(target, self.step, enabled=show) as progress:
                 while self.step < target:
-                    metrics = self.train_step()
+                    profiled = self.step + 1 == cfg.logging.profile_step and self.dist.is_main
+                    metrics = self._profiled_step() if profiled else self.train_step()
                     rows.append(metrics)
                     progress.update(self.step, metrics)
         except RetrievalServiceError as exc:
@@ -195,6 +197,23 @@ class GRPOTrainer:
             if self.logger is not None:
                 self.logger.close()
         return rows
+
+    def _profiled_step(self) -> dict[str, Any]:
+        """`train_step` under `torch.profiler` (`logging.profile_step`): the trace and, on a
+        CPU, each phase's time in matrix products go to RUN_DIR/profile/."""
+        cuda = next(self.model.parameters()).device.type == "cuda"
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if cuda:
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        with torch.profiler.profile(activities=activities, with_flops=True) as prof:
+            metrics = self.train_step()
+        # on a GPU the host's time in a matrix product is its launch, not its arithmetic
+        trace, split = write_step_profile(
+            prof, self.run_dir / "profile", self.step, metrics["time/step"], split=not cuda
+        )
+        share = f": {summary_line(split, metrics['time/step'])}" if split else ""
+        log.info("profiled step %d%s; trace %s", self.step, share, trace)
+        return metrics
 
     def step_requests(self, k: int) -> list[RolloutRequest]:
         """The rollout requests of step `k` on this rank: its questions, in whole groups. Every
