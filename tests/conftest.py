@@ -140,6 +140,25 @@ TRAIN_BASE = [
 ]
 
 
+def tiny_trainer(run_dir, world, tok, retriever, overrides=(), *, seed=0, resume=False, **kwargs):
+    """A `GRPOTrainer` on `world`'s training questions with a tiny random model
+    (`make_tiny_model(tok, seed=seed)`) and the config `TRAIN_BASE` + `overrides`; other keyword
+    arguments go to the trainer (`eval_examples=...`)."""
+    from llds.train.config import load_config
+    from llds.train.trainer import GRPOTrainer
+
+    cfg = load_config(None, [*TRAIN_BASE, f"run_dir={run_dir}", *overrides])
+    return GRPOTrainer(
+        cfg,
+        model=make_tiny_model(tok, seed=seed),
+        tokenizer=tok,
+        retriever=retriever,
+        train_examples=world.train,
+        resume=resume,
+        **kwargs,
+    )
+
+
 def planned_runs(script: Path, *args: str | Path) -> list[dict[str, Any]]:
     """What a study driver would run, as it prints it with `--dry-run` (one JSON object a line)."""
     cmd = [sys.executable, str(script), *map(str, args), "--dry-run"]

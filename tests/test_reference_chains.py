@@ -10,13 +10,12 @@ import pytest
 import torch
 
 from conftest import TRAIN_BASE as BASE
-from conftest import make_tiny_model
+from conftest import tiny_trainer
 from llds import metrics as keys
 from llds.errors import ConfigError, DataFormatError
 from llds.probe.reference import REFERENCE_FILE, ReferenceChains, reference_metrics
 from llds.rollout.batch import Episode
 from llds.train.config import load_config
-from llds.train.trainer import GRPOTrainer
 
 
 def test_reference_metrics_by_hand() -> None:
@@ -67,15 +66,9 @@ def test_reference_needs_held_out_questions() -> None:
 
 
 def _trainer(tmp_path, world, tok, retriever, extra=(), resume=False):
-    cfg = load_config(None, [*BASE, f"run_dir={tmp_path}", "data.eval=unused", *extra])
-    return GRPOTrainer(
-        cfg,
-        model=make_tiny_model(tok, seed=0),
-        tokenizer=tok,
-        retriever=retriever,
-        train_examples=world.train,
-        eval_examples=world.test,
-        resume=resume,
+    over = ["data.eval=unused", *extra]
+    return tiny_trainer(
+        tmp_path, world, tok, retriever, over, resume=resume, eval_examples=world.test
     )
 
 

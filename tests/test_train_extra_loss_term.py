@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from conftest import TRAIN_BASE, make_tiny_model
+from conftest import tiny_trainer
 from llds.algo import AlgoConfig, TermInputs, aggregate, register_loss_term
 from llds.algo.objective import registered_loss_terms
-from llds.train.config import load_config
-from llds.train.trainer import GRPOTrainer
 
 CALLS: list[float] = []
 
@@ -25,15 +23,7 @@ if "pull_to_old" not in registered_loss_terms():
 
 
 def _one_step(tmp_path, world, tok, retriever, extra):
-    cfg = load_config(None, [*TRAIN_BASE, f"run_dir={tmp_path}", "steps=1", *extra])
-    trainer = GRPOTrainer(
-        cfg,
-        model=make_tiny_model(tok, seed=0),
-        tokenizer=tok,
-        retriever=retriever,
-        train_examples=world.train,
-        resume=False,
-    )
+    trainer = tiny_trainer(tmp_path, world, tok, retriever, ["steps=1", *extra])
     trainer.train()
     return [p.detach().clone() for p in trainer.model.parameters()]
 

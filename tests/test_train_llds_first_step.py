@@ -7,26 +7,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import TRAIN_BASE as BASE
-from conftest import make_tiny_model
+from conftest import tiny_trainer
 from llds.errors import ConfigError
 from llds.train import trainer as trainer_mod
 from llds.train.config import load_config
-from llds.train.trainer import GRPOTrainer
 
 REQUIRED = ["model.path=m", "data.train=t.jsonl", "retriever.source=c.jsonl"]
 
 
 def _grads_per_optimizer_step(tmp_path, world, tok, retriever, extra):
-    cfg = load_config(None, [*BASE, f"run_dir={tmp_path}", "steps=1", *extra])
-    tr = GRPOTrainer(
-        cfg,
-        model=make_tiny_model(tok, seed=1),
-        tokenizer=tok,
-        retriever=retriever,
-        train_examples=world.train,
-        resume=False,
-    )
+    tr = tiny_trainer(tmp_path, world, tok, retriever, ["steps=1", *extra], seed=1)
     grads: list[list[torch.Tensor]] = []
     tr.optimizer.register_step_pre_hook(
         lambda opt, args, kwargs: grads.append(

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import TRAIN_BASE as BASE
-from conftest import make_tiny_model
+from conftest import make_tiny_model, tiny_trainer
 from llds import metrics as keys
 from llds.errors import ConfigError
 from llds.monitor.likelihood import share_by_part
@@ -66,8 +66,6 @@ def _fixed_advantages(monkeypatch) -> None:
 
 def _trainer(tmp_path, world, tok, retriever, extra: list[str]) -> GRPOTrainer:
     over = [
-        *BASE,
-        f"run_dir={tmp_path}",
         "steps=1",
         "seed=3",
         "prompts_per_step=4",
@@ -77,14 +75,7 @@ def _trainer(tmp_path, world, tok, retriever, extra: list[str]) -> GRPOTrainer:
         "algo.entropy_coef=0.05",
         *extra,
     ]
-    return GRPOTrainer(
-        load_config(None, over),
-        model=make_tiny_model(tok, seed=0),
-        tokenizer=tok,
-        retriever=retriever,
-        train_examples=world.train,
-        resume=False,
-    )
+    return tiny_trainer(tmp_path, world, tok, retriever, over)
 
 
 def test_share_by_minibatch_splits_the_pooled_share(

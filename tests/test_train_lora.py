@@ -8,14 +8,13 @@ import sys
 import pytest
 import torch
 
-from conftest import TRAIN_BASE, make_tiny_model
+from conftest import TRAIN_BASE, make_tiny_model, tiny_trainer
 from llds.errors import ConfigError
 from llds.models.hf import load_policy
 from llds.policy.forward import response_log_probs, split_lm_head
 from llds.policy.lora import ADAPTER_DIR, WithoutAdapters, attach_lora, is_lora, load_adapter
 from llds.rollout.batch import Episode, RolloutBatch
 from llds.train.config import LoRAConfig, load_config
-from llds.train.trainer import GRPOTrainer
 
 LORA = ["model.lora.r=4", "model.lora.alpha=8", "algo.kl_coef=0.01"]
 
@@ -40,15 +39,7 @@ def _logp(model, batch) -> torch.Tensor:
 
 
 def _trainer(tmp_path, world, tok, retriever, extra=()):
-    cfg = load_config(None, [*TRAIN_BASE, f"run_dir={tmp_path}", *LORA, *extra])
-    return GRPOTrainer(
-        cfg,
-        model=make_tiny_model(tok, seed=1),
-        tokenizer=tok,
-        retriever=retriever,
-        train_examples=world.train,
-        resume=True,
-    )
+    return tiny_trainer(tmp_path, world, tok, retriever, [*LORA, *extra], seed=1, resume=True)
 
 
 def test_fresh_adapters_change_nothing_and_only_they_train(world_tokenizer) -> None:

@@ -12,12 +12,11 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import TRAIN_BASE as BASE
-from conftest import make_tiny_model, write_run_inputs
+from conftest import make_tiny_model, tiny_trainer, write_run_inputs
 from llds.errors import ConfigError
 from llds.train import policy_update
 from llds.train.config import load_config
 from llds.train.global_batch import mini_batches
-from llds.train.trainer import GRPOTrainer
 
 
 def _rollout_cut(n_global: int, parts: int, group: int, rows: list[int] | None = None):
@@ -121,15 +120,7 @@ def _train(tmp_path, world, tok, retriever, extra, monkeypatch):
         return out
 
     monkeypatch.setattr(policy_update, "mini_batches", recording)
-    cfg = load_config(None, [*BASE, f"run_dir={tmp_path}", "steps=1", "seed=1", *extra])
-    tr = GRPOTrainer(
-        cfg,
-        model=make_tiny_model(tok, seed=0),
-        tokenizer=tok,
-        retriever=retriever,
-        train_examples=world.train,
-        resume=False,
-    )
+    tr = tiny_trainer(tmp_path, world, tok, retriever, ["steps=1", "seed=1", *extra])
     rows = tr.train()
     weights = [p.detach().clone() for p in tr.model.parameters()]
     return weights, cuts, rows[0]

@@ -10,11 +10,9 @@ import logging
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from conftest import TRAIN_BASE, make_tiny_model
-from llds.train.config import load_config
+from conftest import tiny_trainer
 from llds.train.phase_profile import PhaseSplit, split_by_phase, summary_line
 from llds.train.progress import PhaseTimes
-from llds.train.trainer import GRPOTrainer
 
 
 def test_matrix_kernels_are_counted_in_the_phase_that_ran_them() -> None:
@@ -66,15 +64,7 @@ def test_without_a_profiler_phases_are_only_timed() -> None:
 
 
 def _trainer(run_dir, world, tok, retriever, extra=()):
-    cfg = load_config(None, [*TRAIN_BASE, f"run_dir={run_dir}", "steps=2", *extra])
-    return GRPOTrainer(
-        cfg,
-        model=make_tiny_model(tok, seed=0),
-        tokenizer=tok,
-        retriever=retriever,
-        train_examples=world.train,
-        resume=False,
-    )
+    return tiny_trainer(run_dir, world, tok, retriever, ["steps=2", *extra])
 
 
 def test_a_profiled_step_keeps_its_trace_and_split_and_trains_the_same(

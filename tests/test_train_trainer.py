@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from conftest import TRAIN_BASE as BASE
-from conftest import make_tiny_model, write_run_inputs
+from conftest import make_tiny_model, tiny_trainer, write_run_inputs
 from llds.errors import ConfigError
 from llds.runs.tracking import read_metrics
 from llds.train import policy_update
@@ -27,16 +27,7 @@ from llds.train.trainer import GRPOTrainer
 
 
 def _trainer(tmp_path, world, tok, retriever, extra=(), seed=0):
-    cfg = load_config(None, [*BASE, f"run_dir={tmp_path}", *extra])
-    model = make_tiny_model(tok, seed=seed)
-    return GRPOTrainer(
-        cfg,
-        model=model,
-        tokenizer=tok,
-        retriever=retriever,
-        train_examples=world.train,
-        resume=False,
-    )
+    return tiny_trainer(tmp_path, world, tok, retriever, extra, seed=seed)
 
 
 def test_two_steps_log_metrics_and_checkpoint(
