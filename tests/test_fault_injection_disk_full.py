@@ -290,3 +290,39 @@ def test_a_full_disk_at_the_periodic_evaluation(inputs, disk, capsys) -> None:
     rc = main([*args, "--allow-config-change", "all"])
     capsys.readouterr()
     assert rc == 0 and (run / "eval" / "step_000002.json").is_file()
+
+
+def test_a_full_disk_at_the_profiled_step(inputs, disk, capsys) -> None:
+    """Step 2 profiled, no checkpoint due, and room on the disk for the step's log rows but not
+    for its trace (a few MB): torch's exporter only logs that it failed, so the trace is checked
+    before it is kept. One line naming it, and nothing half-written."""
+    run = disk / "run"
+    assert train(inputs, run, 1, capsys)[0] == 0
+    before = snapshot(run)
+    room = 256 << 10
+    filler = leave_free(disk, room)
+    args = ["train", "--config", str(inputs / "cfg.yaml"), f"run_dir={run}", "steps=3"]
+    args += ["logging.profile_step=2", "save_every=100"]
+    line = one_line(*_main(args, capsys))
+    assert f"{run}/profile/step_000002.pt.trace.json could not be written" in line, line
+    assert "the run's log and checkpoints are intact" in line, line
+    assert not (run / "profile" / "step_000002.pt.trace.json").exists()
+    for name, data in before.items():
+        if name == "metrics.jsonl":
+            assert snapshot(run)[name].startswith(data)
+        else:
+            assert snapshot(run)[name] == data, name
+    assert [r["step"] for r in read_metrics(run)] == [1, 2]
+    assert leftovers(disk) == []
+    filler.unlink()
+    rc, out = _main(args, capsys)
+    assert rc == 0, out
+    assert (run / "profile" / "step_000002.pt.trace.json").stat().st_size > room  # the premise
+    assert (run / "profile" / "step_000002.phases.json").is_file()
+    assert [r["step"] for r in read_metrics(run)] == [1, 2, 3]
+
+
+def _main(args: list[str], capsys) -> tuple[int, str]:
+    rc = main(args)
+    out = capsys.readouterr()
+    return rc, out.out + out.err

@@ -51,6 +51,14 @@ def _out_of_space(path: Path, margin: int = 1 << 20) -> bool:
     return False
 
 
+def silent_write_failed(path: str | os.PathLike[str], kept: str) -> WriteFailedError:
+    """The error for a writer that failed without raising (it only logged it, or left the file
+    short): one line naming `path`, why (no space left, when `path`'s file system has none),
+    and `kept`."""
+    why = NO_SPACE if _out_of_space(Path(path)) else "the write failed"
+    return WriteFailedError(f"{path} could not be written ({why}); {kept}", path=path, why=why)
+
+
 @contextmanager
 def failing_writes_stop(path: str | os.PathLike[str], kept: str) -> Iterator[None]:
     """A failed write inside (a full disk, a quota, a permission) becomes one

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llds.io import failing_writes_stop, write_json
+from llds.io import failing_writes_stop, silent_write_failed, write_json
 
 DENSE_KERNELS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"})
 """Matrix products whose FLOPs the profiler counts (`with_flops=True`)."""
@@ -121,15 +121,21 @@ def write_step_profile(
     """Write a finished `torch.profiler.profile`'s trace to `directory/step_N.pt.trace.json`
     and, with `split`, its phases to `step_N.phases.json` (both atomically: a failed write
     leaves no partial file); returns the trace's path and the split."""
-    directory.mkdir(parents=True, exist_ok=True)
     trace = directory / f"step_{step:06d}.pt.trace.json"
     partial = directory / f".{trace.name}.tmp"
-    with failing_writes_stop(trace, "the run's log and checkpoints are intact; resume to go on"):
+    kept = "the run's log and checkpoints are intact; resume to go on"
+    with failing_writes_stop(trace, kept):
+        directory.mkdir(parents=True, exist_ok=True)
         try:
             prof.export_chrome_trace(str(partial))
+            # the exporter reports a failed write (a full disk) only in its own log
+            if not _ends_a_json_object(partial):
+                raise silent_write_failed(trace, kept)
             os.replace(partial, trace)
         finally:
             partial.unlink(missing_ok=True)
+            # the exporter writes to `<path>.tmp` first, and leaves it behind when it fails
+            partial.with_name(partial.name + ".tmp").unlink(missing_ok=True)
     if not split:
         return trace, None
     phases = split_by_phase(prof.events())
@@ -142,3 +148,15 @@ def write_step_profile(
         },
     )
     return trace, phases
+
+
+def _ends_a_json_object(path: Path) -> bool:
+    """Whether `path` exists and its last non-blank byte closes a JSON object: a trace cut
+    short by a full disk does not (the whole file is not parsed: a trace can be large)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 64))
+            return f.read().rstrip().endswith(b"}")
+    except FileNotFoundError:
+        return False
