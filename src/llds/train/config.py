@@ -137,7 +137,7 @@ class LoggingConfig:
     line per step)"""
     profile_step: int = Field(default=0, ge=0)
     """run step N (1-based; 0 = never) under `torch.profiler`: its trace goes to
-    RUN_DIR/profile/step_N.pt.trace.json (Perfetto, chrome://tracing, TensorBoard's profiler),
+    RUN_DIR/profile/step_N.pt.trace.json (open it in Perfetto or chrome://tracing),
     each phase an `llds/<phase>` range; on a CPU also each phase's time in matrix-product kernels
     (step_N.phases.json and one log line). Main process only"""
 

@@ -84,7 +84,7 @@ class PhaseTimes:
     `times.metrics()` gives `time/<phase>` for each and `time/step` since it was made.
 
     Each phase is also a `torch.profiler` range named `llds/<phase>`, so a profile of a run
-    (`torch.profiler.profile`, TensorBoard's profiler) shows which phase each kernel belongs to;
+    (`torch.profiler.profile`, `logging.profile_step`) shows which phase each kernel belongs to;
     with no profiler running a range costs about 10 microseconds (five per step)."""
 
     def __init__(self) -> None:
