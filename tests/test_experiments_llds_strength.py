@@ -72,3 +72,18 @@ def test_the_confirmation_waits_for_the_dose_response(tmp_path: Path) -> None:
     done = subprocess.run([*cmd, "--dry-run"], capture_output=True, text=True, timeout=300)
     assert done.returncode != 0
     assert "confirmation_lambda is null" in done.stderr
+
+
+def test_the_figures_draw_from_the_committed_results(tmp_path: Path) -> None:
+    """figures.py draws the study's two figures and the confirmation's runs (complete or not)
+    from what is committed, into `--out`."""
+    done = subprocess.run(
+        [sys.executable, str(STUDY / "figures.py"), "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    for name in ("lambda", "minibatch", "confirmation"):
+        png = tmp_path / f"llds-strength-{name}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name

@@ -1,6 +1,8 @@
-"""The LLDS-strength study's two figures from `results/study.json` (tables.py writes it):
-the pooled share of pushed-up responses that fell against lambda (every complete seed, the
-median, one binomial SE of the share pooled over seeds), and the share by mini-batch index k.
+"""The LLDS-strength study's figures: from `results/study.json` (tables.py writes it) the
+pooled share of pushed-up responses that fell against lambda (every complete seed, the median,
+one binomial SE of the share pooled over seeds) and the share by mini-batch index k; from the
+confirmation's logs and `results/confirm/summary.json` (`confirm.py --collect` writes them) its
+runs over their steps, complete or not.
 
     python experiments/llds_strength/figures.py    # -> docs/results/llds-strength-*.png
 """
@@ -16,6 +18,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from llds.studies.strength_confirmation import BASE_ARM, load_logs
 from llds.studies.strength_study import DOSE_ARMS
 
 HERE = Path(__file__).resolve().parent
@@ -68,6 +71,44 @@ def share_by_k(study: dict, out: Path) -> None:
     fig.savefig(out, dpi=120)
 
 
+def confirmation_runs(summary: dict, logs: dict, out: Path) -> None:
+    """Each confirmation run over its steps: reward (mean of the last 10 steps), held-out EM,
+    and the pooled share of pushed-up responses that fell per 25-step window; a dashed line at
+    a run's collapse step."""
+    colors = {BASE_ARM: "#1f77b4", summary["llds_arm"]: "#d62728"}
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    for arm, by_seed in logs.items():
+        for seed, rows in sorted(by_seed.items()):
+            run = summary["runs"][arm][str(seed)]
+            label = f"{arm} seed {seed}" + ("" if run["steps"] >= 300 else f" ({run['steps']})")
+            steps = [r["step"] for r in rows if "reward/mean" in r]
+            reward = [r["reward/mean"] for r in rows if "reward/mean" in r]
+            smooth = [
+                sum(reward[max(0, i - 9) : i + 1]) / len(reward[max(0, i - 9) : i + 1])
+                for i in range(len(reward))
+            ]
+            axes[0].plot(steps, smooth, color=colors[arm], alpha=0.8, lw=1, label=label)
+            em = sorted((int(k), v) for k, v in run["em"].items())
+            axes[1].plot(*zip(*em, strict=True), marker="o", ms=3, color=colors[arm], alpha=0.8)
+            windows = [w for w in run["windows"] if w["share"] is not None]
+            mids = [int(w["window"].split("-")[0]) + 12 for w in windows]
+            axes[2].plot(
+                mids, [w["share"] for w in windows], marker="s", ms=3, color=colors[arm], alpha=0.8
+            )
+            if run["collapse"] is not None:
+                for ax in axes:
+                    ax.axvline(run["collapse"], color=colors[arm], ls="--", lw=0.8)
+    titles = ("reward (mean of the last 10 steps)", "held-out EM", "pushed-up that fell (window)")
+    for ax, title in zip(axes, titles, strict=True):
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("step")
+        ax.set_xlim(0, 300)
+        ax.grid(True, alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--study", default=str(HERE / "results" / "study.json"))
@@ -77,6 +118,11 @@ def main() -> None:
     out = Path(args.out)
     share_vs_lambda(study, out / "llds-strength-lambda.png")
     share_by_k(study, out / "llds-strength-minibatch.png")
+    confirm = HERE / "results" / "confirm"
+    summary = json.loads((confirm / "summary.json").read_text(encoding="utf-8"))
+    logs = load_logs(confirm / "runs", summary["llds_arm"])
+    if logs:
+        confirmation_runs(summary, logs, out / "llds-strength-confirmation.png")
 
 
 if __name__ == "__main__":
