@@ -99,6 +99,11 @@ def test_summary_counts_complete_runs_only() -> None:
     assert ans["em_difference"] == pytest.approx(0.65 - (0.30 + 0.50 + 0.20) / 3)
     assert ans["em_permutation_p"] == pytest.approx(_brute_p([0.70, 0.60], [0.30, 0.50, 0.20]))
     assert ans["detectable_gap"] == pytest.approx(detectable_gap(2))
+    # sample SDs by hand: GRPO's EMs 0.3, 0.5, 0.2 (mean 1/3); LLDS's 0.7, 0.6 (mean 0.65)
+    sd_grpo = math.sqrt(((0.3 - 1 / 3) ** 2 + (0.5 - 1 / 3) ** 2 + (0.2 - 1 / 3) ** 2) / 2)
+    assert ans["em_sd"]["lam0"] == pytest.approx(sd_grpo)  # 0.1528
+    assert ans["em_sd"]["lam0.6"] == pytest.approx(math.sqrt(2 * 0.05**2))  # 0.0707
+    assert "measured here: lam0 0.153, lam0.6 0.071." in out["markdown"]
     # shares before any fall: 0.5 in every window for GRPO (above the 0.40 rule: LLD in all
     # three), 0.2 for lam0.6 (none); 0.2 <= 0.5 / 2 and its EM is higher: "prevents it"
     assert ans["lld_under_grpo"].startswith("yes: LLD in 3 of 3")

@@ -5,6 +5,7 @@ definitions. Pure functions of the runs' logged rows, so a test can check them b
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -105,6 +106,11 @@ def confirmation_summary(runs: Mapping[str, Mapping[int, Rows]], llds_arm: str) 
         ),
         "complete_seeds": {BASE_ARM: len(em_base), llds_arm: len(em_llds)},
         "detectable_gap": detectable_gap(n) if n else None,
+        # the seed-to-seed spread this confirmation measured, beside the assumed EM_SD
+        "em_sd": {
+            BASE_ARM: statistics.stdev(em_base) if len(em_base) > 1 else None,
+            llds_arm: statistics.stdev(em_llds) if len(em_llds) > 1 else None,
+        },
     }
     p = answers["em_permutation_p"]
     answers["em_verdict"] = (
@@ -185,7 +191,10 @@ def _markdown(
             "no complete pair of seeds yet."
             if gap is None
             else f"{min(seeds.values())} seeds per arm detect an EM gap of about {gap:.2f} at "
-            f"80% (two-sided 5%, seed SD {EM_SD}); smaller gaps can go undetected."
+            f"80% (two-sided 5%, seed SD {EM_SD}); smaller gaps can go undetected. Seed SD of "
+            f"the EM at {STEPS} measured here: "
+            + ", ".join(f"{arm} {_fmt(sd)}" for arm, sd in answers["em_sd"].items())
+            + "."
         ),
     ]
     return "\n".join(md) + "\n"
