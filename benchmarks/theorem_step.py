@@ -16,8 +16,8 @@ over steps 2.. (step 1 is the warm-up) of each phase the trainer times (`time/*`
         optim.micro_batch_tokens=4096
     python benchmarks/theorem_step.py --model ... --profile
 
-`--profile` profiles one more step of the second arm (`torch.profiler`, CPU; a profile of the
-eager loop's step holds millions of events, more than 20 GB) and splits each phase's time into
+`--profile` profiles one more step of the second arm (`torch.profiler`, CPU; profiling the
+eager loop's step needed more than 20 GB here) and splits each phase's time into
 matrix-product kernels (dense layers and attention: the step's arithmetic) and the
 rest (`llds.train.phase_profile`), with the rate the products reach against this core's rate on
 a large product. The second arm's matrix-product seconds bound how fast its step could get

@@ -77,11 +77,16 @@ def leave_free(disk: Path, free: int) -> Path:
     return filler
 
 
-def train(inputs: Path, run: Path, steps: int, capsys) -> tuple[int, str]:
-    args = ["train", "--config", str(inputs / "cfg.yaml"), f"run_dir={run}", f"steps={steps}"]
+def run_cli(args: list[str], capsys) -> tuple[int, str]:
+    """`llds ARGS` in this process: its exit code and everything it printed."""
     rc = main(args)
     out = capsys.readouterr()
     return rc, out.out + out.err
+
+
+def train(inputs: Path, run: Path, steps: int, capsys) -> tuple[int, str]:
+    args = ["train", "--config", str(inputs / "cfg.yaml"), f"run_dir={run}", f"steps={steps}"]
+    return run_cli(args, capsys)
 
 
 def one_line(rc: int, output: str, command: str = "train") -> str:
@@ -303,7 +308,7 @@ def test_a_full_disk_at_the_profiled_step(inputs, disk, capsys) -> None:
     filler = leave_free(disk, room)
     args = ["train", "--config", str(inputs / "cfg.yaml"), f"run_dir={run}", "steps=3"]
     args += ["logging.profile_step=2", "save_every=100"]
-    line = one_line(*_main(args, capsys))
+    line = one_line(*run_cli(args, capsys))
     assert f"{run}/profile/step_000002.pt.trace.json could not be written" in line, line
     assert "the run's log and checkpoints are intact" in line, line
     assert not (run / "profile" / "step_000002.pt.trace.json").exists()
@@ -315,14 +320,8 @@ def test_a_full_disk_at_the_profiled_step(inputs, disk, capsys) -> None:
     assert [r["step"] for r in read_metrics(run)] == [1, 2]
     assert leftovers(disk) == []
     filler.unlink()
-    rc, out = _main(args, capsys)
+    rc, out = run_cli(args, capsys)
     assert rc == 0, out
     assert (run / "profile" / "step_000002.pt.trace.json").stat().st_size > room  # the premise
     assert (run / "profile" / "step_000002.phases.json").is_file()
     assert [r["step"] for r in read_metrics(run)] == [1, 2, 3]
-
-
-def _main(args: list[str], capsys) -> tuple[int, str]:
-    rc = main(args)
-    out = capsys.readouterr()
-    return rc, out.out + out.err

@@ -18,7 +18,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from llds.studies.strength_confirmation import BASE_ARM, load_logs
+from llds.studies.strength_confirmation import BASE_ARM, STEPS, load_logs
 from llds.studies.strength_study import DOSE_ARMS
 
 HERE = Path(__file__).resolve().parent
@@ -80,7 +80,7 @@ def confirmation_runs(summary: dict, logs: dict, out: Path) -> None:
     for arm, by_seed in logs.items():
         for seed, rows in sorted(by_seed.items()):
             run = summary["runs"][arm][str(seed)]
-            label = f"{arm} seed {seed}" + ("" if run["steps"] >= 300 else f" ({run['steps']})")
+            label = f"{arm} seed {seed}" + ("" if run["steps"] >= STEPS else f" ({run['steps']})")
             steps = [r["step"] for r in rows if "reward/mean" in r]
             reward = [r["reward/mean"] for r in rows if "reward/mean" in r]
             smooth = [
@@ -102,7 +102,7 @@ def confirmation_runs(summary: dict, logs: dict, out: Path) -> None:
     for ax, title in zip(axes, titles, strict=True):
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("step")
-        ax.set_xlim(0, 300)
+        ax.set_xlim(0, STEPS)
         ax.grid(True, alpha=0.3)
     axes[0].legend(fontsize=7)
     fig.tight_layout()
