@@ -104,6 +104,7 @@ def test_summary_counts_complete_runs_only() -> None:
     assert ans["em_sd"]["lam0"] == pytest.approx(sd_grpo)  # 0.1528
     assert ans["em_sd"]["lam0.6"] == pytest.approx(math.sqrt(2 * 0.05**2))  # 0.0707
     assert "measured here: lam0 0.153, lam0.6 0.071." in out["markdown"]
+    assert "**Collapses**: lam0 2 of 3, lam0.6 0 of 2 (Fisher" in out["markdown"]
     # shares before any fall: 0.5 in every window for GRPO (above the 0.40 rule: LLD in all
     # three), 0.2 for lam0.6 (none); 0.2 <= 0.5 / 2 and its EM is higher: "prevents it"
     assert ans["lld_under_grpo"].startswith("yes: LLD in 3 of 3")

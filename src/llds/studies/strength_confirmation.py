@@ -125,6 +125,11 @@ def _fmt(value: float | None, spec: str = ".3f") -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _collapse_counts(collapsed: Mapping[str, int], per_arm: Mapping[str, Mapping[str, Any]]) -> str:
+    """'lam0 2 of 3, lam0.6 0 of 3': collapsed runs over complete seeds, per arm."""
+    return ", ".join(f"{arm} {n} of {len(per_arm[arm]['seeds'])}" for arm, n in collapsed.items())
+
+
 def _markdown(
     per_run: Mapping[str, Mapping[int, Mapping[str, Any]]],
     done: Mapping[str, Mapping[int, bool]],
@@ -183,7 +188,8 @@ def _markdown(
         f"2. **Held-out EM at {STEPS}**: {answers['em_verdict']} (mean {llds_arm} - {BASE_ARM} "
         f"{_fmt(answers['em_difference'], '+.3f')}, exact permutation p "
         f"{_fmt(answers['em_permutation_p'])})",
-        f"3. **Collapses**: {answers['collapsed'] or '-'} (Fisher's exact p "
+        f"3. **Collapses**: {_collapse_counts(answers['collapsed'], per_arm) or '-'} "
+        "(Fisher's exact p "
         f"{_fmt(answers['collapse_fisher_p'])})",
         "",
         "Power: "
