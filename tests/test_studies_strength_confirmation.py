@@ -39,6 +39,18 @@ def test_exact_permutation_p_counts_every_split() -> None:
     assert exact_permutation_p([], [0.1]) is None
 
 
+def test_exact_permutation_p_with_one_seed_in_a_group() -> None:
+    """One complete seed per arm (where a confirmation stands after its first pair): 1 against
+    1 has two splits, equally extreme (p = 1); 0.9 against 0.1, 0.2, 0.3 by hand: |0.9 - 0.2|
+    = 0.7 is the largest of the four singletons' 0.7, 0.367, 0.233, 0.1, so p = 1 / 4."""
+    assert exact_permutation_p([0.675], [0.045]) == pytest.approx(1.0)
+    assert exact_permutation_p([0.9], [0.1, 0.2, 0.3]) == pytest.approx(0.25)
+    assert exact_permutation_p([0.1, 0.2, 0.3], [0.9]) == pytest.approx(0.25)
+    a, b = [0.41], [0.70, 0.62, 0.81, 0.55, 0.35]
+    assert exact_permutation_p(a, b) == pytest.approx(_brute_p(a, b))
+    assert exact_permutation_p(b, a) == pytest.approx(_brute_p(b, a))
+
+
 def test_fisher_p_and_detectable_gap_by_hand() -> None:
     # 3 of 3 against 0 of 3: the observed table and its mirror, each 1 / C(6, 3)
     assert fisher_p(3, 3, 0, 3) == pytest.approx(2 / 20)
@@ -120,3 +132,19 @@ def test_summary_before_any_complete_run_is_pending() -> None:
     assert ans["prevention"] == "pending"
     assert ans["detectable_gap"] is None
     assert "no complete pair of seeds yet" in out["markdown"]
+
+
+def test_summary_with_one_complete_seed_per_arm() -> None:
+    """The first complete pair: every answer computes (no library refusal), by hand: EM p = 1
+    (two splits), collapses 1 of 1 against 0 of 1 (Fisher: both tables have probability 1/2)."""
+    runs = {"lam0": {1: _rows(272, 0.045, fell=5)}, "lam0.6": {1: _rows(None, 0.675, fell=3)}}
+    out = confirmation_summary(runs, "lam0.6")
+    ans = out["json"]["answers"]
+    assert ans["em_difference"] == pytest.approx(0.675 - 0.045)
+    assert ans["em_permutation_p"] == pytest.approx(1.0)
+    assert ans["collapse_fisher_p"] == pytest.approx(1.0)
+    assert "lam0 1 of 1, lam0.6 0 of 1" in out["markdown"]
+    # one GRPO run cannot answer the LLD rule (it needs LLD in 2): pending, not "no"
+    assert ans["lld_under_grpo"].startswith("pending: LLD in 1 of 1 complete grpo run")
+    assert ans["prevention"] == "pending"
+    assert "1 seed per arm detects an EM gap of about" in out["markdown"]

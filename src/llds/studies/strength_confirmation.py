@@ -48,6 +48,8 @@ def exact_permutation_p(a: Sequence[float], b: Sequence[float]) -> float | None:
     of len(a) and len(b) (exact; None when either group is empty)."""
     if not a or not b:
         return None
+    if min(len(a), len(b)) == 1:
+        return _singleton_permutation_p(a, b)
     result = stats.permutation_test(
         (np.asarray(a, dtype=float), np.asarray(b, dtype=float)),
         lambda x, y, axis: np.mean(x, axis=axis) - np.mean(y, axis=axis),
@@ -57,6 +59,18 @@ def exact_permutation_p(a: Sequence[float], b: Sequence[float]) -> float | None:
         vectorized=True,
     )
     return float(result.pvalue)
+
+
+def _singleton_permutation_p(a: Sequence[float], b: Sequence[float]) -> float:
+    """The exact test when one group holds a single value, which scipy refuses: each of the
+    pooled values in turn is that group, so the p is the share of them whose difference of
+    means is at least as large as the observed one."""
+    pooled = np.asarray([*a, *b], dtype=float)
+    one_is_a = len(a) == 1
+    rest_mean = (pooled.sum() - pooled) / (len(pooled) - 1)
+    diffs = np.abs(pooled - rest_mean)
+    observed = diffs[0] if one_is_a else diffs[-1]
+    return float(np.mean(diffs >= observed - 1e-12))
 
 
 def fisher_p(yes_a: int, n_a: int, yes_b: int, n_b: int) -> float | None:
@@ -84,6 +98,16 @@ def confirmation_summary(runs: Mapping[str, Mapping[int, Rows]], llds_arm: str) 
     verdict = theorem_study.answers(
         complete, {a: dict.fromkeys(by, True) for a, by in complete.items()}
     )
+    grpo_done = len(complete.get("grpo", {}))
+    if 0 < grpo_done < 2:
+        # the rule needs LLD in 2 GRPO runs: with one complete run it cannot yet say "no"
+        lld = sum(bool(r["lld"]) for r in complete["grpo"].values())
+        verdict = {
+            **verdict,
+            "lld_under_grpo": f"pending: LLD in {lld} of {grpo_done} complete grpo run; "
+            "the rule asks for LLD in at least 2",
+            "llds": "pending",
+        }
     base, llds = per_arm.get(BASE_ARM), per_arm.get(llds_arm)
     em_base = [v for v in (base or {}).get("em_300", []) if v is not None]
     em_llds = [v for v in (llds or {}).get("em_300", []) if v is not None]
@@ -123,6 +147,10 @@ def confirmation_summary(runs: Mapping[str, Mapping[int, Rows]], llds_arm: str) 
 
 def _fmt(value: float | None, spec: str = ".3f") -> str:
     return "-" if value is None else format(value, spec)
+
+
+def _seeds_per_arm(n: int) -> str:
+    return "1 seed per arm detects" if n == 1 else f"{n} seeds per arm detect"
 
 
 def _collapse_counts(collapsed: Mapping[str, int], per_arm: Mapping[str, Mapping[str, Any]]) -> str:
@@ -196,7 +224,7 @@ def _markdown(
         + (
             "no complete pair of seeds yet."
             if gap is None
-            else f"{min(seeds.values())} seeds per arm detect an EM gap of about {gap:.2f} at "
+            else f"{_seeds_per_arm(min(seeds.values()))} an EM gap of about {gap:.2f} at "
             f"80% (two-sided 5%, seed SD {EM_SD}); smaller gaps can go undetected. Seed SD of "
             f"the EM at {STEPS} measured here: "
             + ", ".join(f"{arm} {_fmt(sd)}" for arm, sd in answers["em_sd"].items())
