@@ -66,10 +66,9 @@ def _singleton_permutation_p(a: Sequence[float], b: Sequence[float]) -> float:
     pooled values in turn is that group, so the p is the share of them whose difference of
     means is at least as large as the observed one."""
     pooled = np.asarray([*a, *b], dtype=float)
-    one_is_a = len(a) == 1
     rest_mean = (pooled.sum() - pooled) / (len(pooled) - 1)
     diffs = np.abs(pooled - rest_mean)
-    observed = diffs[0] if one_is_a else diffs[-1]
+    observed = diffs[0] if len(a) == 1 else diffs[-1]  # the single value is first or last
     return float(np.mean(diffs >= observed - 1e-12))
 
 
