@@ -148,3 +148,19 @@ def test_summary_with_one_complete_seed_per_arm() -> None:
     assert ans["lld_under_grpo"].startswith("pending: LLD in 1 of 1 complete grpo run")
     assert ans["prevention"] == "pending"
     assert "1 seed per arm detects an EM gap of about" in out["markdown"]
+
+
+def test_summary_lists_each_runs_search_decline() -> None:
+    """Valid searches 2.0 a rollout to step 50, then 1.0: the 20-step window reaches ten 1.0s at
+    step 60, its median (1.0 + 2.0) / 2 = 1.5 = 3/4 of the first 20 steps' 2.0, so the warning
+    fires there; the 25-step window means go 2.00 -> 1.00. A run that keeps searching has none."""
+    declining = _rows(None, 0.5, fell=2)
+    for row in declining:
+        row["rollout/valid_searches"] = 2.0 if row["step"] <= 50 else 1.0
+    steady = _rows(None, 0.5, fell=5)
+    for row in steady:
+        row["rollout/valid_searches"] = 1.8
+    out = confirmation_summary({"lam0": {1: steady}, "lam0.6": {1: declining}}, "lam0.6")
+    assert out["json"]["runs"]["lam0.6"][1]["search_decline_step"] == 60
+    assert "| - | 60 | 2.00 -> 1.00 |" in out["markdown"]
+    assert "| - | - | 1.80 -> 1.80 |" in out["markdown"]

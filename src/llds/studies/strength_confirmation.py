@@ -167,8 +167,9 @@ def _markdown(
     md = [f"# LLDS-strength confirmation: {BASE_ARM} against {llds_arm}, {STEPS} steps", ""]
     md += [
         "| arm | seed | steps | collapse | pooled share fell before any fall (fell/positive) "
-        "| LLD rule 1 (window) | LLD rule 2 (probe step) | held-out EM at 25, 50, ... |",
-        "|---|---|---|---|---|---|---|---|",
+        "| LLD rule 1 (window) | LLD rule 2 (probe step) | search decline (step) "
+        "| valid searches, first -> last window | held-out EM at 25, 50, ... |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for arm, by_seed in per_run.items():
         for seed, r in by_seed.items():
@@ -176,11 +177,21 @@ def _markdown(
             share = pooled["fell"] / pooled["responses"] if pooled["responses"] else None
             steps = f"{r['steps']}" + ("" if done[arm][seed] else " (partial)")
             ems = ", ".join(f"{v:.3f}" for s, v in sorted(r["em"].items()) if s > 0) or "-"
+            searches = [v for v in r["searches_by_window"] if v is not None]
+            trend = f"{searches[0]:.2f} -> {searches[-1]:.2f}" if searches else "-"
             md.append(
                 f"| {arm} | {seed} | {steps} | {r['collapse'] or '-'} "
                 f"| {_fmt(share)} ({pooled['fell']}/{pooled['responses']}) "
-                f"| {r['lld_window'] or '-'} | {r['lld_probe_step'] or '-'} | {ems} |"
+                f"| {r['lld_window'] or '-'} | {r['lld_probe_step'] or '-'} "
+                f"| {r['search_decline_step'] or '-'} | {trend} | {ems} |"
             )
+    md += [
+        "",
+        "`search decline` is the first step of the monitor's `search_decline` warning (a 20-step "
+        "median of valid searches per rollout at most 3/4 of the run's first 20 steps'); the "
+        "theorem study asked whether LLDS searches less, CONFIRMATION.md does not: a "
+        "measurement beside the answers, not one of them.",
+    ]
     md += [
         "",
         "## Per arm (complete runs only)",
