@@ -187,12 +187,11 @@ def _markdown(
             )
     md += [
         "",
-        "`search decline` is the first step of the monitor's `search_decline` warning (a 20-step "
-        "median of valid searches per rollout at most 3/4 of the run's first 20 steps'); the "
-        "theorem study asked whether LLDS searches less, CONFIRMATION.md does not: a "
-        "measurement beside the answers, not one of them.",
-    ]
-    md += [
+        "`search decline`: the first step of the monitor's `search_decline` warning (the 20-step "
+        "median of valid searches per rollout at or below 3/4 of its median over the run's "
+        "first 20 steps); `valid searches`: the means of the first and the last 25-step "
+        "window. The theorem study asked whether LLDS searches less, CONFIRMATION.md does not: "
+        "these are measurements beside the answers, not among them.",
         "",
         "## Per arm (complete runs only)",
         "",
