@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
+from llds.monitor import searches as search_rule
 from llds.report.study_logs import COMMITTED_LOG, read_committed_metrics
 from llds.studies import theorem_study
 from llds.studies.strength_study import DOSE_ARMS, WARM_EM
@@ -187,11 +188,12 @@ def _markdown(
             )
     md += [
         "",
-        "`search decline`: the first step of the monitor's `search_decline` warning (the 20-step "
-        "median of valid searches per rollout at or below 3/4 of its median over the run's "
-        "first 20 steps); `valid searches`: the means of the first and the last 25-step "
-        "window. The theorem study asked whether LLDS searches less, CONFIRMATION.md does not: "
-        "these are measurements beside the answers, not among them.",
+        "`search decline`: the first step of the monitor's `search_decline` warning (the "
+        f"{search_rule.WINDOW}-step median of valid searches per rollout at or below "
+        f"{search_rule.SEARCH_DECLINE:g} of its median over the run's first {search_rule.EARLY} "
+        f"steps); `valid searches`: the means of the first and the last {theorem_study.WINDOW}"
+        "-step window. The theorem study asked whether LLDS searches less, CONFIRMATION.md does "
+        "not: these are measurements beside the answers, not among them.",
         "",
         "## Per arm (complete runs only)",
         "",
