@@ -11,6 +11,7 @@ import pytest
 
 from llds.studies.strength_confirmation import (
     arm_for,
+    condition_lines,
     confirmation_summary,
     detectable_gap,
     exact_permutation_p,
@@ -123,6 +124,34 @@ def test_summary_counts_complete_runs_only() -> None:
     assert ans["prevention"] == "LLDS prevents it"
     assert "| lam0.6 | 3 | 120 (partial) |" in out["markdown"]
     assert "0.700 / 0.600; median 0.650" in out["markdown"]
+    # the three conditions as sentences with the figures compared, not raw lists
+    md = out["markdown"]
+    assert "   - LLD in at most one lam0.6 run: yes (LLD in 0)\n" in md
+    assert (
+        "   - pooled share at most half of lam0's: yes (0.200 against 0.250, half of 0.500)" in md
+    )
+    assert (
+        "   - held-out EM at 300 not below lam0's by more than 0.05: yes (0.650 against 0.333)"
+        in md
+    )
+    assert "[True" not in md and "[False" not in md
+
+
+def test_condition_lines_when_the_rule_fails() -> None:
+    """The committed confirmation's shape at two seeds: LLD in none, share above half, EM up."""
+    conditions = {
+        "lld_in_at_most_one_run": [False, 2],
+        "pooled_share_at_most_half": [False, 0.3070172169635537, 0.4819425730172888],
+        "em_at_300_not_below_by_more_than_0.05": [False, 0.30, 0.43],
+    }
+    assert condition_lines(conditions, "lam0.6") == [
+        "LLD in at most one lam0.6 run: no (LLD in 2)",
+        "pooled share at most half of lam0's: no (0.307 against 0.241, half of 0.482)",
+        "held-out EM at 300 not below lam0's by more than 0.05: no (0.300 against 0.430)",
+    ]
+    assert condition_lines(None, "lam0.6") == []
+    with pytest.raises(ValueError, match="unknown prevention condition 'other'"):
+        condition_lines({"other": [True, 1]}, "lam0.6")
 
 
 def test_summary_before_any_complete_run_is_pending() -> None:

@@ -145,6 +145,34 @@ def confirmation_summary(runs: Mapping[str, Mapping[int, Rows]], llds_arm: str) 
     return {"json": data, "markdown": _markdown(per_run, done, per_arm, answers, llds_arm)}
 
 
+def condition_lines(conditions: Mapping[str, Sequence[Any]] | None, llds_arm: str) -> list[str]:
+    """The prevention rule's three conditions as sentences, each with the figures it compared
+    (the JSON keeps the raw `[holds, figures...]` lists)."""
+    if not conditions:
+        return []
+    lines = []
+    for name, (holds, *figures) in conditions.items():
+        verdict = "yes" if holds else "no"
+        if name == "lld_in_at_most_one_run":
+            lines.append(f"LLD in at most one {llds_arm} run: {verdict} (LLD in {figures[0]})")
+        elif name == "pooled_share_at_most_half":
+            arm, base = figures
+            half = None if base is None else theorem_study.LLDS_SHARE_RATIO * base
+            lines.append(
+                f"pooled share at most half of {BASE_ARM}'s: {verdict} ({_fmt(arm)} against "
+                f"{_fmt(half)}, half of {_fmt(base)})"
+            )
+        elif name.startswith("em_at_"):
+            arm, base = figures
+            lines.append(
+                f"held-out EM at {STEPS} not below {BASE_ARM}'s by more than "
+                f"{theorem_study.LLDS_EM_MARGIN:g}: {verdict} ({_fmt(arm)} against {_fmt(base)})"
+            )
+        else:
+            raise ValueError(f"unknown prevention condition {name!r}")
+    return lines
+
+
 def _fmt(value: float | None, spec: str = ".3f") -> str:
     return "-" if value is None else format(value, spec)
 
@@ -221,8 +249,7 @@ def _markdown(
         f"1. **Prevention** (the theorem study's rule): {answers['prevention']}; LLD under GRPO: "
         f"{answers['lld_under_grpo']}",
     ]
-    for name, value in (answers["conditions"] or {}).items():
-        md.append(f"   - {name}: {value}")
+    md += [f"   - {line}" for line in condition_lines(answers["conditions"], llds_arm)]
     md += [
         f"2. **Held-out EM at {STEPS}**: {answers['em_verdict']} (mean {llds_arm} - {BASE_ARM} "
         f"{_fmt(answers['em_difference'], '+.3f')}, exact permutation p "
