@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import gzip
 import json
+import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
-from conftest import planned_runs
+from conftest import planned_runs, tiny_trainer
+from llds.runs.tracking import read_metrics
 
 STUDY = Path(__file__).resolve().parents[1] / "experiments" / "llds_strength"
 
@@ -87,3 +90,62 @@ def test_the_figures_draw_from_the_committed_results(tmp_path: Path) -> None:
     for name in ("lambda", "minibatch", "confirmation"):
         png = tmp_path / f"llds-strength-{name}.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+
+
+def _confirm(*args: str | Path) -> str:
+    cmd = [sys.executable, str(STUDY / "confirm.py"), *map(str, args)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def _comparable(rows: list[dict]) -> list[dict]:
+    return [
+        {k: v for k, v in r.items() if not k.startswith(("time/", "throughput/"))} for r in rows
+    ]
+
+
+def test_a_parked_run_resumes_on_a_new_machine_as_if_never_stopped(
+    tmp_path: Path, small_world, world_tokenizer, world_retriever
+) -> None:
+    """`--park` archives an unfinished run with its newest checkpoint only; on a new machine
+    (its work folder gone) `--unpark` brings it back, and it resumes to the very rows of a run
+    that never stopped. A work folder already there is left as it is."""
+    world = (small_world, world_tokenizer, world_retriever)
+    straight = tmp_path / "straight"
+    tiny_trainer(straight, *world, ["save_every=1", "steps=4"]).train()
+    work, results = tmp_path / "work", tmp_path / "results"
+    run = work / "lam0" / "seed1"
+    tiny_trainer(run, *world, ["save_every=1", "steps=3"]).train()
+    (run / "train-1.log").write_text("a training process's console\n", encoding="utf-8")
+    assert sorted(p.name for p in (run / "checkpoints").glob("step_*")) == [
+        "step_000002",
+        "step_000003",
+    ]
+    common = ["--work", work, "--results", results, "--study", _study(tmp_path, 0.6)]
+    common += ["--seeds", "1"]
+
+    out = _confirm(*common, "--park")
+    archive = results / "parked" / "lam0" / "seed1.tar.gz"
+    assert f"lam0 seed 1: parked at step_000003 in {archive}" in out
+    assert "lam0.6" not in out  # never started: nothing to park
+    with tarfile.open(archive) as tar:
+        names = tar.getnames()
+    assert {n.split("/")[2] for n in names if n.count("/") >= 2 and "/checkpoints/" in n} == {
+        "step_000003"
+    }
+    assert "seed1/metrics.jsonl" in names
+    assert "seed1/checkpoints/latest" not in names and "seed1/train-1.log" not in names
+    assert (results / "runs" / "lam0" / "seed1" / "metrics.jsonl.gz").is_file()  # logs copied
+
+    shutil.rmtree(work)
+    out = _confirm(*common, "--unpark")
+    assert f"lam0 seed 1: unparked from {archive}" in out
+    assert (run / "checkpoints" / "latest").read_text(encoding="utf-8").strip() == "step_000003"
+    assert not list(work.glob("lam0/*.unparking"))
+    tiny_trainer(run, *world, ["save_every=1", "steps=4"], resume=True).train()
+    assert [r["step"] for r in read_metrics(run)] == [1, 2, 3, 4]
+    assert _comparable(read_metrics(run)) == _comparable(read_metrics(straight))
+
+    assert "unparked" not in _confirm(*common, "--unpark")  # never over a work folder
+    assert [r["step"] for r in read_metrics(run)] == [1, 2, 3, 4]

@@ -6,6 +6,11 @@ go to `results/confirm/runs/` and the tables to `results/confirm/summary.{md,jso
     python experiments/llds_strength/confirm.py --seeds 7 8       # more seeds, same way
     python experiments/llds_strength/confirm.py --dry-run         # each run's config
     python experiments/llds_strength/confirm.py --collect         # copy the logs, tables
+    python experiments/llds_strength/confirm.py --park            # also archive unfinished runs
+
+A run takes longer than one machine may last: `--park` archives each unfinished run's newest
+checkpoint into `results/confirm/parked/` to commit, and a later call whose work folder is gone
+resumes from it (run.py: `park`, `unpark`).
 
 The lambda is read from `results/study.json` (`answers.confirmation_lambda`): nothing starts
 until the dose-response is complete and its rule has named one.

@@ -5,10 +5,12 @@ per-step logs copied into `results/runs/` for `tables.py`.
     python experiments/llds_strength/run.py --theorem runs/theorem_world --work runs/llds_strength
     python experiments/llds_strength/run.py ... --dry-run     # each run's config; runs nothing
     python experiments/llds_strength/run.py ... --collect     # copy the logs only
+    python experiments/llds_strength/run.py ... --park        # archive unfinished runs, to commit
 
 Resumable: a finished run is skipped (also one whose complete log is in `results/runs/` but
 whose work folder is gone, as on a new machine), an interrupted one resumes from its last
-checkpoint (or starts again when its work folder is gone);
+checkpoint (or, when its work folder is gone, from the checkpoint `--park` archived into
+`results/parked/`, else from step 0);
 `--parallel` runs at a time, one thread each, in the protocol's order (seed 1 of every arm,
 then seed 2, then seed 3). At the end, and at any time with `--collect`, every started run's
 `metrics.jsonl` goes to `results/runs/ARM/seedN/metrics.jsonl.gz` (with `alarms.jsonl` and the
@@ -22,7 +24,8 @@ import gzip
 import json
 import shutil
 import sys
-from collections.abc import Sequence
+import tarfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _common import config_data, print_dry_run, run_unfinished
 from llds.report.study_logs import COMMITTED_LOG, read_committed_metrics
 from llds.studies.strength_study import ARMS, SEEDS, WARM_EM
+from llds.train.checkpoint import find_resumable, point_latest
 from llds.train.config import load_config
 
 HERE = Path(__file__).resolve().parent
@@ -149,6 +153,74 @@ def collect(work: Path, results: Path, runs: Sequence[tuple[str, int]]) -> None:
             (dst / "eval.json").write_text(json.dumps(evals, indent=1, sort_keys=True) + "\n")
 
 
+def parked_archive(results: Path, arm: str, seed: int) -> Path:
+    return results / "parked" / arm / f"seed{seed}.tar.gz"
+
+
+def park(work: Path, results: Path, runs: Sequence[tuple[str, int]]) -> None:
+    """Each started, unfinished run's work folder with only its newest verified checkpoint, as
+    `results/parked/ARM/seedN.tar.gz`. A 300-step run outlives one machine: committed, the
+    archive lets a new one resume it where it stopped (`unpark`) instead of starting again."""
+    for arm, seed in runs:
+        src = run_dir(work, arm, seed)
+        ckpt, _ = find_resumable(src / "checkpoints")
+        if ckpt is None:
+            continue
+        archive = parked_archive(results, arm, seed)
+        archive.parent.mkdir(parents=True, exist_ok=True)
+        tmp = archive.with_name(archive.name + ".tmp")
+        with tarfile.open(tmp, "w:gz") as tar:
+            tar.add(src, arcname=src.name, filter=_parked_member(ckpt.name))
+        tmp.replace(archive)
+        mib = archive.stat().st_size / 2**20
+        print(f"{arm} seed {seed}: parked at {ckpt.name} in {archive} ({mib:.1f} MiB)", flush=True)
+
+
+def _parked_member(checkpoint: str) -> Callable[[tarfile.TarInfo], tarfile.TarInfo | None]:
+    """A tar filter: the run folder without its other checkpoints (nor their staging folders
+    or the `latest` pointer, which `unpark` sets again) and without the training processes'
+    console logs."""
+
+    def keep(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        inside = Path(info.name).parts[1:]  # below the run folder
+        if inside[:1] == ("checkpoints",) and len(inside) > 1 and inside[1] != checkpoint:
+            return None
+        if len(inside) == 1 and inside[0].startswith("train-"):
+            return None
+        return info
+
+    return keep
+
+
+def unpark(work: Path, results: Path, runs: Sequence[tuple[str, int]]) -> None:
+    """Unpack each parked run whose work folder is gone, so that it resumes from the parked
+    checkpoint; a work folder already there is never overwritten."""
+    for arm, seed in runs:
+        archive, dst = parked_archive(results, arm, seed), run_dir(work, arm, seed)
+        if not archive.is_file() or dst.exists():
+            continue
+        staging = dst.with_name(dst.name + ".unparking")
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        with tarfile.open(archive, "r:gz") as tar:
+            tar.extractall(staging, filter="data")
+        (staging / dst.name).rename(dst)
+        staging.rmdir()
+        ckpt, _ = find_resumable(dst / "checkpoints")
+        if ckpt is not None:
+            point_latest(dst / "checkpoints", ckpt)
+        print(f"{arm} seed {seed}: unparked from {archive}", flush=True)
+
+
+def retire_parked(results: Path, runs: Sequence[dict[str, Any]]) -> None:
+    """Delete the parked archive of every run whose committed log is now complete."""
+    for r in runs:
+        archive = parked_archive(results, r["arm"], r["seed"])
+        if archive.is_file() and committed_steps(results, r["arm"], r["seed"]) >= r["config"].steps:
+            archive.unlink()
+            print(f"{r['arm']} seed {r['seed']}: complete; {archive} deleted", flush=True)
+
+
 def execute(runs: Sequence[dict[str, Any]], theorem: Path, work: Path, results: Path, args) -> None:
     """What a driver call does with its plan: print it (`--dry-run`), or run the unfinished
     runs `args.parallel` at a time (unless `--collect`), then copy their logs to `results`."""
@@ -156,7 +228,16 @@ def execute(runs: Sequence[dict[str, Any]], theorem: Path, work: Path, results: 
         print_dry_run([{**r, "config": config_data(r["config"])} for r in runs])
         return
     todo = [r for r in runs if r["run"]]
+    pairs = [(r["arm"], r["seed"]) for r in todo]
+    if args.park:
+        park(work, results, pairs)
+        collect(work, results, pairs)
+        return
+    if args.unpark:
+        unpark(work, results, pairs)
+        return
     if not args.collect:
+        unpark(work, results, pairs)
         for r in todo:
             if r["committed_steps"] and not (Path(r["config"].run_dir) / "metrics.jsonl").is_file():
                 print(
@@ -167,7 +248,8 @@ def execute(runs: Sequence[dict[str, Any]], theorem: Path, work: Path, results: 
         ensure_world(theorem)
         check_warm_start(theorem, work)
         run_unfinished([r["config"] for r in todo], args.parallel)
-    collect(work, results, [(r["arm"], r["seed"]) for r in todo])
+    collect(work, results, pairs)
+    retire_parked(results, todo)
 
 
 def driver_arguments(
@@ -182,6 +264,17 @@ def driver_arguments(
     p.add_argument("--parallel", type=int, default=2)
     p.add_argument("--dry-run", action="store_true")
     p.add_argument("--collect", action="store_true", help="only copy the logs")
+    p.add_argument(
+        "--park",
+        action="store_true",
+        help="only archive each unfinished run's newest checkpoint into RESULTS/parked/ and "
+        "copy the logs (a later call on a new machine resumes from the archive)",
+    )
+    p.add_argument(
+        "--unpark",
+        action="store_true",
+        help="only unpack the parked runs whose work folder is gone (a run unpacks them itself)",
+    )
     return p
 
 
