@@ -11,7 +11,8 @@ import sys
 import tarfile
 from pathlib import Path
 
-from conftest import planned_runs, tiny_trainer
+from conftest import planned_runs, tiny_trainer, write_run_inputs
+from llds.runs.folder_archive import pack_folder
 from llds.runs.tracking import read_metrics
 
 STUDY = Path(__file__).resolve().parents[1] / "experiments" / "llds_strength"
@@ -131,21 +132,64 @@ def test_a_parked_run_resumes_on_a_new_machine_as_if_never_stopped(
     assert "lam0.6" not in out  # never started: nothing to park
     with tarfile.open(archive) as tar:
         names = tar.getnames()
-    assert {n.split("/")[2] for n in names if n.count("/") >= 2 and "/checkpoints/" in n} == {
-        "step_000003"
-    }
-    assert "seed1/metrics.jsonl" in names
-    assert "seed1/checkpoints/latest" not in names and "seed1/train-1.log" not in names
+    assert {n.split("/")[1] for n in names if n.startswith("checkpoints/")} == {"step_000003"}
+    assert "metrics.jsonl" in names
+    assert "checkpoints/latest" not in names and "train-1.log" not in names
     assert (results / "runs" / "lam0" / "seed1" / "metrics.jsonl.gz").is_file()  # logs copied
 
     shutil.rmtree(work)
     out = _confirm(*common, "--unpark")
     assert f"lam0 seed 1: unparked from {archive}" in out
     assert (run / "checkpoints" / "latest").read_text(encoding="utf-8").strip() == "step_000003"
-    assert not list(work.glob("lam0/*.unparking"))
+    assert sorted(p.name for p in (work / "lam0").iterdir()) == ["seed1"]  # no temp folder
     tiny_trainer(run, *world, ["save_every=1", "steps=4"], resume=True).train()
     assert [r["step"] for r in read_metrics(run)] == [1, 2, 3, 4]
     assert _comparable(read_metrics(run)) == _comparable(read_metrics(straight))
 
     assert "unparked" not in _confirm(*common, "--unpark")  # never over a work folder
     assert [r["step"] for r in read_metrics(run)] == [1, 2, 3, 4]
+
+
+def test_another_warm_start_stops_the_runs_with_one_line(
+    tmp_path: Path, small_world, world_tokenizer
+) -> None:
+    """A model whose held-out EM is not the theorem study's stops the driver before any run,
+    naming the model and the machine; with no model on disk, the committed archive is unpacked
+    first (here a tiny random model's, so the check still stops it)."""
+    made = tmp_path / "made"
+    write_run_inputs(made, small_world, world_tokenizer)
+    theorem, work = tmp_path / "theorem", tmp_path / "work"
+    shutil.copytree(made / "world", theorem / "world")
+    archive = pack_folder(made / "model", tmp_path / "warm.tar.gz")
+    cmd = [sys.executable, str(STUDY / "confirm.py"), "--theorem", str(theorem)]
+    cmd += ["--work", str(work), "--results", str(tmp_path / "results"), "--seeds", "1"]
+    cmd += ["--study", str(_study(tmp_path, 0.6))]
+
+    done = subprocess.run(
+        [*cmd, "--warm-archive", str(tmp_path / "none.tar.gz")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode != 0 and not (theorem / "model").exists()
+    assert "Traceback" not in done.stderr
+    assert (
+        done.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            f"{theorem / 'model'}: no warm start there (no model.safetensors) and no archive"
+        )
+    )
+
+    done = subprocess.run(
+        [*cmd, "--warm-archive", str(archive)], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode != 0
+    assert f"warm start: unpacked {archive} into {theorem / 'model'}" in done.stdout
+    assert sorted(p.name for p in (theorem / "model").iterdir()) == sorted(
+        p.name for p in (made / "model").iterdir()
+    )
+    line = done.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"{theorem / 'model'}: not the theorem study's warm start (held-out EM")
+    assert "CPU kernels" in line and f"{archive} holds the verified one" in line
+    assert not (work / "lam0").exists()  # no run started

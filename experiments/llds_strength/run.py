@@ -24,7 +24,6 @@ import gzip
 import json
 import shutil
 import sys
-import tarfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _common import config_data, print_dry_run, run_unfinished
 from llds.report.study_logs import COMMITTED_LOG, read_committed_metrics
+from llds.runs.folder_archive import pack_folder, unpack_folder
 from llds.studies.strength_study import ARMS, SEEDS, WARM_EM
 from llds.train.checkpoint import find_resumable, point_latest
 from llds.train.config import load_config
@@ -77,28 +77,71 @@ def ensure_world(theorem: Path) -> None:
     write_world(generate_world(WorldConfig.preset("theorem")), theorem / "world")
 
 
-def check_warm_start(theorem: Path, work: Path) -> None:
+WARM_START_ARCHIVE = HERE.parent / "theorem_world" / "results" / "warm_start_2" / "model.tar.gz"
+"""The theorem study's warm start itself, archived by the first machine that verified it."""
+
+
+def ensure_warm_start(theorem: Path, archive: Path = WARM_START_ARCHIVE) -> None:
+    """The warm start from its committed archive when `theorem/model` is missing. A rebuild
+    repeats it only on the CPU float kernels it was trained with (a tiny model amplifies
+    last-bit differences: docs/reproducibility.md), so once a machine has verified it, every
+    later one unpacks that model instead of training its own."""
+    model = theorem / "model"
+    if model.exists() or not archive.is_file():
+        return
+    unpack_folder(archive, model)
+    print(f"warm start: unpacked {archive} into {model}", flush=True)
+
+
+def check_warm_start(theorem: Path, work: Path, archive: Path = WARM_START_ARCHIVE) -> None:
     """Step-0 held-out EM of the warm start, measured as the runs measure it; the study stops
-    unless it equals the theorem study's (the same warm start)."""
+    unless it equals the theorem study's (the same warm start). A verified warm start not yet
+    archived is archived, to commit."""
     from llds.data.loaders import load_examples
     from llds.evaluation.evaluate import evaluate
     from llds.evaluation.periodic import eval_rollout_config
     from llds.models.hf import load_policy
     from llds.retrieval.factory import open_retriever
     from llds.runs.eval_result import eval_file
+    from llds.studies.machine import machine
+    from llds.train.checkpoint import file_sha256
 
-    out = eval_file(work / "warm_eval", 0)
+    model = theorem / "model"
+    if not (model / "model.safetensors").is_file():
+        raise SystemExit(
+            f"{model}: no warm start there (no model.safetensors) and no archive {archive} to "
+            f"unpack; build it with `python experiments/theorem_world/warm_start.py --work "
+            f"{theorem}`, then this check tells whether it is the theorem study's"
+        )
+    digest = file_sha256(model / "model.safetensors")
+    out = eval_file(work / "warm_eval" / digest[:16], 0)  # one measurement per distinct model
     if not out.is_file():
         cfg = run_config(theorem, work, "lam0", 1)
-        model, tok = load_policy(cfg.model.path)
+        policy, tok = load_policy(cfg.model.path)
         examples = load_examples(cfg.data.eval, limit=cfg.data.eval_limit)
         retriever = open_retriever(cfg.retriever.source)
         rollout = eval_rollout_config(cfg.rollout, cfg.eval_max_turns)
-        evaluate(model, tok, retriever, examples, rollout, template=None).write(out)
+        evaluate(policy, tok, retriever, examples, rollout, template=None).write(out)
     em = json.loads(out.read_text(encoding="utf-8"))["overall"]["em"]
-    print(f"warm start: held-out EM {em:.3f} (the theorem study's: {WARM_EM:.3f})", flush=True)
+    print(
+        f"warm start: held-out EM {em:.3f} (the theorem study's: {WARM_EM:.3f}); weights "
+        f"sha256 {digest[:16]}",
+        flush=True,
+    )
     if abs(em - WARM_EM) > 1e-9:
-        raise SystemExit(f"{out}: the warm start is not the theorem study's; stopping")
+        where = (
+            f"{archive} holds the verified one: move {model} aside and run again"
+            if archive.is_file()
+            else f"no machine has archived the theorem study's warm start yet ({archive})"
+        )
+        raise SystemExit(
+            f"{model}: not the theorem study's warm start (held-out EM {em:.3f}; checked on "
+            f"{machine()}; a tiny model trained on other CPU float kernels is another model, "
+            f"docs/reproducibility.md); {where}; stopping"
+        )
+    if not archive.is_file():
+        pack_folder(model, archive)
+        print(f"warm start: verified and archived in {archive}; commit it", flush=True)
 
 
 def committed_steps(results: Path, arm: str, seed: int) -> int:
@@ -166,28 +209,21 @@ def park(work: Path, results: Path, runs: Sequence[tuple[str, int]]) -> None:
         ckpt, _ = find_resumable(src / "checkpoints")
         if ckpt is None:
             continue
-        archive = parked_archive(results, arm, seed)
-        archive.parent.mkdir(parents=True, exist_ok=True)
-        tmp = archive.with_name(archive.name + ".tmp")
-        with tarfile.open(tmp, "w:gz") as tar:
-            tar.add(src, arcname=src.name, filter=_parked_member(ckpt.name))
-        tmp.replace(archive)
+        archive = pack_folder(src, parked_archive(results, arm, seed), _parked_member(ckpt.name))
         mib = archive.stat().st_size / 2**20
         print(f"{arm} seed {seed}: parked at {ckpt.name} in {archive} ({mib:.1f} MiB)", flush=True)
 
 
-def _parked_member(checkpoint: str) -> Callable[[tarfile.TarInfo], tarfile.TarInfo | None]:
-    """A tar filter: the run folder without its other checkpoints (nor their staging folders
-    or the `latest` pointer, which `unpark` sets again) and without the training processes'
-    console logs."""
+def _parked_member(checkpoint: str) -> Callable[[Path], bool]:
+    """Members of a parked run: the run folder without its other checkpoints (nor their
+    staging folders or the `latest` pointer, which `unpark` sets again) and without the
+    training processes' console logs."""
 
-    def keep(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
-        inside = Path(info.name).parts[1:]  # below the run folder
-        if inside[:1] == ("checkpoints",) and len(inside) > 1 and inside[1] != checkpoint:
-            return None
-        if len(inside) == 1 and inside[0].startswith("train-"):
-            return None
-        return info
+    def keep(rel: Path) -> bool:
+        parts = rel.parts
+        if parts[0] == "checkpoints" and len(parts) > 1 and parts[1] != checkpoint:
+            return False
+        return not (len(parts) == 1 and parts[0].startswith("train-"))
 
     return keep
 
@@ -199,13 +235,7 @@ def unpark(work: Path, results: Path, runs: Sequence[tuple[str, int]]) -> None:
         archive, dst = parked_archive(results, arm, seed), run_dir(work, arm, seed)
         if not archive.is_file() or dst.exists():
             continue
-        staging = dst.with_name(dst.name + ".unparking")
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
-        with tarfile.open(archive, "r:gz") as tar:
-            tar.extractall(staging, filter="data")
-        (staging / dst.name).rename(dst)
-        staging.rmdir()
+        unpack_folder(archive, dst)
         ckpt, _ = find_resumable(dst / "checkpoints")
         if ckpt is not None:
             point_latest(dst / "checkpoints", ckpt)
@@ -246,7 +276,8 @@ def execute(runs: Sequence[dict[str, Any]], theorem: Path, work: Path, results: 
                     flush=True,
                 )
         ensure_world(theorem)
-        check_warm_start(theorem, work)
+        ensure_warm_start(theorem, Path(args.warm_archive))
+        check_warm_start(theorem, work, Path(args.warm_archive))
         run_unfinished([r["config"] for r in todo], args.parallel)
     collect(work, results, pairs)
     retire_parked(results, todo)
@@ -261,6 +292,11 @@ def driver_arguments(
     p.add_argument("--work", default=work, help="the runs")
     p.add_argument("--results", default=str(results), help="logs are copied here")
     p.add_argument("--seeds", nargs="+", type=int, default=list(seeds))
+    p.add_argument(
+        "--warm-archive",
+        default=str(WARM_START_ARCHIVE),
+        help="the verified warm start, unpacked when --theorem has no model",
+    )
     p.add_argument("--parallel", type=int, default=2)
     p.add_argument("--dry-run", action="store_true")
     p.add_argument("--collect", action="store_true", help="only copy the logs")

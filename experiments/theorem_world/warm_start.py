@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import time
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,9 @@ from llds.sft import tiny_model_and_tokenizer
 from llds.sft.config import load_sft_config
 from llds.sft.data import build_expert_episodes, think_entropy
 from llds.sft.trainer import sft_train
+from llds.studies.machine import cpu_name, machine
 from llds.studies.warm_start import markdown_table, measure_warm_start
+from llds.train.checkpoint import file_sha256
 
 HERE = Path(__file__).resolve().parent
 
@@ -170,7 +171,9 @@ def main() -> None:
     )
     report = {
         "command": "python experiments/theorem_world/warm_start.py " + _command_args(args),
-        "machine": {"cpu": platform.processor() or platform.machine(), "threads": cfg.threads},
+        "machine": {"cpu": cpu_name(), "threads": cfg.threads, "line": machine()},
+        # the model's fingerprint: a rebuild is the same warm start exactly when this matches
+        "model_sha256": file_sha256(work / "model" / "model.safetensors"),
         "world": world.config.to_dict(),
         "sft": {
             k: getattr(cfg, k)
