@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -165,3 +167,22 @@ def planned_runs(script: Path, *args: str | Path) -> list[dict[str, Any]]:
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+@contextmanager
+def mounted_tmpfs(mount: Path, size_bytes: int) -> Iterator[Path]:
+    """A fresh tmpfs of `size_bytes` at `mount`, unmounted afterwards: a real disk that fills
+    up. Root may mount (as in CI); where mounting is not permitted the test is skipped, saying
+    so."""
+    mount.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", str(mount)],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"mounting a tmpfs is not permitted here: {done.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)

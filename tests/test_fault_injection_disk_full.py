@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import write_run_inputs
+from conftest import mounted_tmpfs, write_run_inputs
 from llds.cli import main
 from llds.runs.tracking import read_metrics
 from llds.train.checkpoint import MANIFEST, OPTIM
@@ -32,19 +32,8 @@ PAGE = 4096
 @pytest.fixture
 def disk(tmp_path: Path):
     """A fresh 24 MiB tmpfs at tmp_path/disk, unmounted afterwards."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    proc = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={DISK_BYTES}", "tmpfs", str(mount)],
-        capture_output=True,
-        text=True,
-    )
-    if proc.returncode != 0:
-        pytest.skip(f"mounting a tmpfs is not permitted here: {proc.stderr.strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "disk", DISK_BYTES) as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 @pytest.fixture(scope="module")

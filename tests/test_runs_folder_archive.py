@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import errno
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
+from conftest import mounted_tmpfs
 from llds.errors import UserInputError, WriteFailedError
 from llds.runs.folder_archive import pack_folder, unpack_folder
 
@@ -68,19 +68,8 @@ def test_bad_paths_are_refused_with_one_line_naming_them(tmp_path: Path) -> None
 @pytest.fixture
 def disk(tmp_path: Path):
     """A 4 MiB tmpfs, unmounted afterwards."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"mounting a tmpfs is not permitted here: {done.stderr.strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "disk", 4 << 20) as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def _fill(disk: Path, leave: int) -> None:
