@@ -262,6 +262,7 @@ def execute(runs: Sequence[dict[str, Any]], theorem: Path, work: Path, results: 
     if args.park:
         park(work, results, pairs)
         collect(work, results, pairs)
+        retire_parked(results, todo)  # a run that finished since its last collect
         return
     if args.unpark:
         unpark(work, results, pairs)
