@@ -3,7 +3,9 @@ and a real BM25 retriever over the world's corpus. Built once per test session."
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -186,3 +188,33 @@ def mounted_tmpfs(mount: Path, size_bytes: int) -> Iterator[Path]:
         yield mount
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+PAGE = 4096
+
+
+def leave_free(disk: Path, free: int) -> Path:
+    """Fill `disk` with one file, then give back `free` bytes (whole pages)."""
+    filler = disk / "filler"
+    chunk = b"\0" * (1 << 20)
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        for size in (1 << 20, PAGE):  # unbuffered: what fits is written, then ENOSPC
+            while True:
+                try:
+                    os.write(fd, chunk[:size])
+                except OSError as exc:
+                    assert exc.errno == errno.ENOSPC
+                    break
+    finally:
+        os.close(fd)
+    size = filler.stat().st_size
+    os.truncate(filler, max(0, size - -(-free // PAGE) * PAGE))
+    return filler
+
+
+def comparable(rows: list[dict]) -> list[dict]:
+    """Logged rows without their timings, which no two runs share."""
+    return [
+        {k: v for k, v in r.items() if not k.startswith(("time/", "throughput/"))} for r in rows
+    ]

@@ -11,7 +11,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-from conftest import planned_runs, tiny_trainer, write_run_inputs
+from conftest import comparable, planned_runs, tiny_trainer, write_run_inputs
 from llds.runs.folder_archive import pack_folder
 from llds.runs.tracking import read_metrics
 
@@ -100,12 +100,6 @@ def _confirm(*args: str | Path) -> str:
     return done.stdout
 
 
-def _comparable(rows: list[dict]) -> list[dict]:
-    return [
-        {k: v for k, v in r.items() if not k.startswith(("time/", "throughput/"))} for r in rows
-    ]
-
-
 def test_a_parked_run_resumes_on_a_new_machine_as_if_never_stopped(
     tmp_path: Path, small_world, world_tokenizer, world_retriever
 ) -> None:
@@ -144,7 +138,7 @@ def test_a_parked_run_resumes_on_a_new_machine_as_if_never_stopped(
     assert sorted(p.name for p in (work / "lam0").iterdir()) == ["seed1"]  # no temp folder
     tiny_trainer(run, *world, ["save_every=1", "steps=4"], resume=True).train()
     assert [r["step"] for r in read_metrics(run)] == [1, 2, 3, 4]
-    assert _comparable(read_metrics(run)) == _comparable(read_metrics(straight))
+    assert comparable(read_metrics(run)) == comparable(read_metrics(straight))
 
     assert "unparked" not in _confirm(*common, "--unpark")  # never over a work folder
     assert [r["step"] for r in read_metrics(run)] == [1, 2, 3, 4]

@@ -11,8 +11,6 @@ the tests are skipped, saying so. Injected errors are tested beside (test_fault_
 
 from __future__ import annotations
 
-import errno
-import os
 import subprocess
 import threading
 import time
@@ -20,13 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import mounted_tmpfs, write_run_inputs
+from conftest import PAGE, leave_free, mounted_tmpfs, write_run_inputs
 from llds.cli import main
 from llds.runs.tracking import read_metrics
 from llds.train.checkpoint import MANIFEST, OPTIM
 
 DISK_BYTES = 24 << 20
-PAGE = 4096
 
 
 @pytest.fixture
@@ -44,26 +41,6 @@ def inputs(tmp_path_factory, small_world, world_tokenizer) -> Path:
         root, small_world, world_tokenizer, steps=1, save_every=1, threads=1, keep_checkpoints=3
     )
     return root
-
-
-def leave_free(disk: Path, free: int) -> Path:
-    """Fill `disk` with one file, then give back `free` bytes (whole pages)."""
-    filler = disk / "filler"
-    chunk = b"\0" * (1 << 20)
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-    try:
-        for size in (1 << 20, PAGE):  # unbuffered: what fits is written, then ENOSPC
-            while True:
-                try:
-                    os.write(fd, chunk[:size])
-                except OSError as exc:
-                    assert exc.errno == errno.ENOSPC
-                    break
-    finally:
-        os.close(fd)
-    size = filler.stat().st_size
-    os.truncate(filler, max(0, size - -(-free // PAGE) * PAGE))
-    return filler
 
 
 def run_cli(args: list[str], capsys) -> tuple[int, str]:

@@ -20,7 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import write_run_inputs
+from conftest import comparable, write_run_inputs
 from llds.cli import main
 from llds.runs.tracking import read_metrics
 from llds.train.checkpoint import (
@@ -87,12 +87,6 @@ def error_line(rc: int, output: str) -> str:
 
 def steps_of(run: Path) -> list[int]:
     return [r["step"] for r in read_metrics(run)]
-
-
-def comparable(rows: list[dict]) -> list[dict]:
-    return [
-        {k: v for k, v in r.items() if not k.startswith(("time/", "throughput/"))} for r in rows
-    ]
 
 
 def weights(ckpt: Path) -> dict[str, torch.Tensor]:

@@ -3,13 +3,12 @@ for the same folder, and all or nothing on a real full disk (a small tmpfs)."""
 
 from __future__ import annotations
 
-import errno
 import os
 from pathlib import Path
 
 import pytest
 
-from conftest import mounted_tmpfs
+from conftest import leave_free, mounted_tmpfs
 from llds.errors import UserInputError, WriteFailedError
 from llds.runs.folder_archive import pack_folder, unpack_folder
 
@@ -72,22 +71,6 @@ def disk(tmp_path: Path):
         yield mount
 
 
-def _fill(disk: Path, leave: int) -> None:
-    """Fill `disk`, then give back about `leave` bytes."""
-    fd = os.open(disk / "filler", os.O_WRONLY | os.O_CREAT)
-    try:
-        while True:
-            try:
-                os.write(fd, b"\0" * 4096)
-            except OSError as exc:
-                assert exc.errno == errno.ENOSPC
-                break
-    finally:
-        os.close(fd)
-    size = (disk / "filler").stat().st_size
-    os.truncate(disk / "filler", max(0, size - leave))
-
-
 def test_a_full_disk_keeps_the_old_archive_and_leaves_no_folder(tmp_path: Path, disk) -> None:
     """Packing a 1 MiB folder onto a disk with 64 KiB free: one line naming the archive, the
     previous archive byte-identical, no temp file. Unpacking it onto the full disk: one line
@@ -98,7 +81,7 @@ def test_a_full_disk_keeps_the_old_archive_and_leaves_no_folder(tmp_path: Path, 
     old = disk / "run.tar.gz"
     pack_folder(_folder(tmp_path / "small"), old)
     before = old.read_bytes()
-    _fill(disk, 64 << 10)
+    leave_free(disk, 64 << 10)
     with pytest.raises(WriteFailedError, match=f"{old}.*no space left on device") as err:
         pack_folder(src, old)
     assert "\n" not in str(err.value)

@@ -42,10 +42,7 @@ def pack_folder(
         raise UserInputError(f"{src}: no such folder to archive")
 
     def member(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
-        rel = Path(info.name)
-        if info.name in ("", ".") or keep is None or keep(rel):
-            return _normalized(info)
-        return None
+        return _normalized(info) if keep is None or keep(Path(info.name)) else None
 
     with (
         atomic_write(out, "wb") as raw,
