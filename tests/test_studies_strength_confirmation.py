@@ -16,6 +16,8 @@ from llds.studies.strength_confirmation import (
     detectable_gap,
     exact_permutation_p,
     fisher_p,
+    smallest_fisher_p,
+    smallest_permutation_p,
 )
 
 
@@ -60,6 +62,22 @@ def test_fisher_p_and_detectable_gap_by_hand() -> None:
     # (1.95996 + 0.84162) x 0.25 x sqrt(2 / n)
     assert detectable_gap(6) == pytest.approx(2.80158 * 0.25 * math.sqrt(1 / 3), rel=1e-4)
     assert detectable_gap(25) == pytest.approx(0.198, abs=1e-3)
+
+
+def test_smallest_p_the_exact_tests_can_give() -> None:
+    """By hand: with a + b seeds that do not overlap, one split of the C(a+b, a) is the observed
+    one; two-sided doubles it (at equal sizes its mirror is as extreme). Fisher's extreme table
+    [[n, 0], [0, m]] has probability 1 / C(n+m, n), and its mirror at equal sizes as much."""
+    assert smallest_permutation_p(2, 2) == pytest.approx(2 / 6)
+    assert smallest_permutation_p(2, 2) == pytest.approx(_brute_p([10.0, 11.0], [0.0, 1.0]))
+    assert smallest_permutation_p(3, 3) == pytest.approx(2 / 20)
+    assert smallest_permutation_p(4, 4) == pytest.approx(2 / 70)  # the first below 0.05
+    assert smallest_permutation_p(3, 2) == pytest.approx(2 / 10)
+    assert smallest_permutation_p(0, 2) is None
+    assert smallest_fisher_p(2, 2) == pytest.approx(2 / 6)
+    assert smallest_fisher_p(3, 2) == pytest.approx(1 / 10)  # the mirror table: 3/10
+    assert smallest_fisher_p(6, 6) == pytest.approx(2 / 924)
+    assert smallest_fisher_p(2, 0) is None
 
 
 def test_arm_for_names_the_dose_arm() -> None:
@@ -118,6 +136,15 @@ def test_summary_counts_complete_runs_only() -> None:
     assert ans["em_sd"]["lam0.6"] == pytest.approx(math.sqrt(2 * 0.05**2))  # 0.0707
     assert "measured here: lam0 0.153, lam0.6 0.071." in out["markdown"]
     assert "**Collapses**: lam0 2 of 3, lam0.6 0 of 2 (Fisher" in out["markdown"]
+    # 3 + 2 seeds: neither exact test can reach 0.05, whatever the data, and the page says so
+    assert ans["smallest_p"] == pytest.approx({"em_permutation": 0.2, "collapse_fisher": 0.1})
+    assert (
+        "Power: with 3 + 2 complete seeds no EM gap, however large, can be called a difference: "
+        "the exact permutation test cannot give a p below 0.05 there whatever the data (smallest "
+        "possible p 0.200)" in out["markdown"]
+    )
+    assert "Nor can Fisher's test on the collapses (smallest possible p 0.100)." in out["markdown"]
+    assert "detect an EM gap of about" not in out["markdown"]
     # shares before any fall: 0.5 in every window for GRPO (above the 0.40 rule: LLD in all
     # three), 0.2 for lam0.6 (none); 0.2 <= 0.5 / 2 and its EM is higher: "prevents it"
     assert ans["lld_under_grpo"].startswith("yes: LLD in 3 of 3")
@@ -176,7 +203,9 @@ def test_summary_with_one_complete_seed_per_arm() -> None:
     # one GRPO run cannot answer the LLD rule (it needs LLD in 2): pending, not "no"
     assert ans["lld_under_grpo"].startswith("pending: LLD in 1 of 1 complete grpo run")
     assert ans["prevention"] == "pending"
-    assert "1 seed per arm detects an EM gap of about" in out["markdown"]
+    # one seed a side: every split is as extreme as the observed one, so no gap can be called
+    assert "with 1 + 1 complete seeds no EM gap, however large" in out["markdown"]
+    assert "(smallest possible p 1.000)" in out["markdown"]
 
 
 def test_summary_lists_each_runs_search_decline() -> None:
@@ -193,3 +222,19 @@ def test_summary_lists_each_runs_search_decline() -> None:
     assert out["json"]["runs"]["lam0.6"][1]["search_decline_step"] == 60
     assert "| - | 60 | 2.00 -> 1.00 |" in out["markdown"]
     assert "| - | - | 1.80 -> 1.80 |" in out["markdown"]
+
+
+def test_summary_at_four_seeds_per_arm_can_call_a_difference() -> None:
+    """From 4 + 4 seeds the exact tests can go below 0.05 (2/70), so the page stops saying that
+    no data could; here every LLDS EM is above every GRPO EM, so the rule calls a difference."""
+    runs = {
+        "lam0": {s: _rows(None, 0.2 + 0.01 * s, fell=5) for s in (1, 2, 3, 4)},
+        "lam0.6": {s: _rows(None, 0.6 + 0.01 * s, fell=2) for s in (1, 2, 3, 4)},
+    }
+    out = confirmation_summary(runs, "lam0.6")
+    ans = out["json"]["answers"]
+    assert ans["smallest_p"]["em_permutation"] == pytest.approx(2 / 70)
+    assert ans["em_permutation_p"] == pytest.approx(2 / 70)
+    assert ans["em_verdict"] == "a difference"
+    assert "4 seeds per arm detect an EM gap of about" in out["markdown"]
+    assert "however large" not in out["markdown"] and "Nor can" not in out["markdown"]

@@ -81,6 +81,23 @@ def fisher_p(yes_a: int, n_a: int, yes_b: int, n_b: int) -> float | None:
     return float(stats.fisher_exact(table, alternative="two-sided").pvalue)
 
 
+def smallest_permutation_p(n_a: int, n_b: int) -> float | None:
+    """The smallest two-sided p the exact permutation test can give for n_a and n_b seeds,
+    whatever their values: that of two groups that do not overlap. Below 4 seeds per arm it is
+    at least 0.1 (1/3 at 2 + 2), so no gap, however large, can be called a difference there."""
+    if n_a == 0 or n_b == 0:
+        return None
+    return exact_permutation_p([1000.0 + i for i in range(n_a)], [float(i) for i in range(n_b)])
+
+
+def smallest_fisher_p(n_a: int, n_b: int) -> float | None:
+    """The smallest two-sided p Fisher's exact test can give for n_a against n_b runs: every run
+    of one arm collapsed and none of the other."""
+    if n_a == 0 or n_b == 0:
+        return None
+    return min(fisher_p(n_a, n_a, 0, n_b), fisher_p(0, n_a, n_b, n_b))  # type: ignore[type-var]
+
+
 def confirmation_summary(runs: Mapping[str, Mapping[int, Rows]], llds_arm: str) -> dict[str, Any]:
     """Every run's numbers, both arms over their complete seeds and the protocol's three answers,
     as `{"json": ..., "markdown": ...}`. `runs` is `{arm: {seed: rows}}` for `lam0` and
@@ -130,6 +147,13 @@ def confirmation_summary(runs: Mapping[str, Mapping[int, Rows]], llds_arm: str) 
         ),
         "complete_seeds": {BASE_ARM: len(em_base), llds_arm: len(em_llds)},
         "detectable_gap": detectable_gap(n) if n else None,
+        # what the exact tests can give at these seeds, whatever the data: below 0.05 or not
+        "smallest_p": {
+            "em_permutation": smallest_permutation_p(len(em_llds), len(em_base)),
+            "collapse_fisher": smallest_fisher_p(
+                len((llds or {}).get("seeds", [])), len((base or {}).get("seeds", []))
+            ),
+        },
         # the seed-to-seed spread this confirmation measured, beside the assumed EM_SD
         "em_sd": {
             BASE_ARM: statistics.stdev(em_base) if len(em_base) > 1 else None,
@@ -258,18 +282,44 @@ def _markdown(
         "(Fisher's exact p "
         f"{_fmt(answers['collapse_fisher_p'])})",
         "",
-        "Power: "
-        + (
-            "no complete pair of seeds yet."
-            if gap is None
-            else f"{_seeds_per_arm(min(seeds.values()))} an EM gap of about {gap:.2f} at "
-            f"80% (two-sided 5%, seed SD {EM_SD}); smaller gaps can go undetected. Seed SD of "
-            f"the EM at {STEPS} measured here: "
-            + ", ".join(f"{arm} {_fmt(sd)}" for arm, sd in answers["em_sd"].items())
-            + "."
-        ),
+        "Power: " + _power_line(gap, answers, seeds),
     ]
     return "\n".join(md) + "\n"
+
+
+def _power_line(gap: float | None, answers: Mapping[str, Any], seeds: Mapping[str, int]) -> str:
+    """What the complete seeds can detect: the normal approximation's gap at 80% power, unless the
+    exact test cannot give a p below DIFFERENCE_P at these seeds whatever the data (below 4 seeds
+    per arm), which the approximation does not see; then that, with the smallest p it can give."""
+    if gap is None:
+        return "no complete pair of seeds yet."
+    measured = (
+        f"Seed SD of the EM at {STEPS} measured here: "
+        + ", ".join(f"{arm} {_fmt(sd)}" for arm, sd in answers["em_sd"].items())
+        + "."
+    )
+    smallest = answers["smallest_p"]
+    counts = " + ".join(str(n) for n in seeds.values())
+    fisher = smallest["collapse_fisher"]
+    fisher_note = (
+        f" Nor can Fisher's test on the collapses (smallest possible p {fisher:.3f})."
+        if fisher is not None and fisher >= DIFFERENCE_P
+        else ""
+    )
+    em_floor = smallest["em_permutation"]
+    if em_floor is not None and em_floor >= DIFFERENCE_P:
+        return (
+            f"with {counts} complete seeds no EM gap, however large, can be called a difference: "
+            f"the exact permutation test cannot give a p below {DIFFERENCE_P:g} there whatever "
+            f"the data (smallest possible p {em_floor:.3f}); the normal approximation's gap at "
+            f"80% power ({gap:.2f} at seed SD {EM_SD}) applies only where it can."
+            + fisher_note
+            + f" {measured}"
+        )
+    return (
+        f"{_seeds_per_arm(min(seeds.values()))} an EM gap of about {gap:.2f} at 80% (two-sided "
+        f"5%, seed SD {EM_SD}); smaller gaps can go undetected.{fisher_note} {measured}"
+    )
 
 
 def load_logs(root: Path, llds_arm: str) -> dict[str, dict[int, list[dict[str, Any]]]]:
