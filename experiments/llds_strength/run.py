@@ -288,18 +288,25 @@ def driver_arguments(
     doc: str | None, work: str, results: Path, seeds: Sequence[int]
 ) -> argparse.ArgumentParser:
     """The options every driver of this study takes (`execute` reads them)."""
-    p = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
+    p = argparse.ArgumentParser(
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--theorem", default="runs/theorem_world", help="world and warm start")
     p.add_argument("--work", default=work, help="the runs")
     p.add_argument("--results", default=str(results), help="logs are copied here")
-    p.add_argument("--seeds", nargs="+", type=int, default=list(seeds))
+    p.add_argument("--seeds", nargs="+", type=int, default=list(seeds), help="default: %(default)s")
     p.add_argument(
         "--warm-archive",
         default=str(WARM_START_ARCHIVE),
         help="the verified warm start, unpacked when --theorem has no model",
     )
-    p.add_argument("--parallel", type=int, default=2)
-    p.add_argument("--dry-run", action="store_true")
+    p.add_argument(
+        "--parallel",
+        type=int,
+        default=2,
+        help="runs at a time, one torch thread each (%(default)s)",
+    )
+    p.add_argument("--dry-run", action="store_true", help="print each run's config; run nothing")
     p.add_argument("--collect", action="store_true", help="only copy the logs")
     p.add_argument(
         "--park",
