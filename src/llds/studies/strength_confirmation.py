@@ -83,8 +83,8 @@ def fisher_p(yes_a: int, n_a: int, yes_b: int, n_b: int) -> float | None:
 
 def smallest_permutation_p(n_a: int, n_b: int) -> float | None:
     """The smallest two-sided p the exact permutation test can give for n_a and n_b seeds,
-    whatever their values: that of two groups that do not overlap. Below 4 seeds per arm it is
-    at least 0.1 (1/3 at 2 + 2), so no gap, however large, can be called a difference there."""
+    whatever their values: that of two groups that do not overlap. At 2 + 2 seeds it is 1/3 and
+    at 3 + 3 0.1, so no gap, however large, can be called a difference there; at 4 + 4, 2/70."""
     if n_a == 0 or n_b == 0:
         return None
     return exact_permutation_p([1000.0 + i for i in range(n_a)], [float(i) for i in range(n_b)])
@@ -95,7 +95,8 @@ def smallest_fisher_p(n_a: int, n_b: int) -> float | None:
     of one arm collapsed and none of the other."""
     if n_a == 0 or n_b == 0:
         return None
-    return min(fisher_p(n_a, n_a, 0, n_b), fisher_p(0, n_a, n_b, n_b))  # type: ignore[type-var]
+    extremes = (fisher_p(n_a, n_a, 0, n_b), fisher_p(0, n_a, n_b, n_b))
+    return min(p for p in extremes if p is not None)
 
 
 def confirmation_summary(runs: Mapping[str, Mapping[int, Rows]], llds_arm: str) -> dict[str, Any]:
@@ -289,8 +290,8 @@ def _markdown(
 
 def _power_line(gap: float | None, answers: Mapping[str, Any], seeds: Mapping[str, int]) -> str:
     """What the complete seeds can detect: the normal approximation's gap at 80% power, unless the
-    exact test cannot give a p below DIFFERENCE_P at these seeds whatever the data (below 4 seeds
-    per arm), which the approximation does not see; then that, with the smallest p it can give."""
+    exact test cannot give a p below DIFFERENCE_P at these seeds whatever the data (below 4 + 4
+    seeds), which the approximation does not see; then that, with the smallest p it can give."""
     if gap is None:
         return "no complete pair of seeds yet."
     measured = (
