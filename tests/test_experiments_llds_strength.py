@@ -4,6 +4,7 @@ starts (`--dry-run`) when some logs are already committed and the work folder is
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import shutil
 import subprocess
@@ -14,6 +15,7 @@ from pathlib import Path
 from conftest import comparable, planned_runs, tiny_trainer, write_run_inputs
 from llds.runs.folder_archive import pack_folder
 from llds.runs.tracking import read_metrics
+from llds.studies.machine import cpu_name
 
 STUDY = Path(__file__).resolve().parents[1] / "experiments" / "llds_strength"
 
@@ -155,7 +157,7 @@ def test_another_warm_start_stops_the_runs_with_one_line(
     theorem, work = tmp_path / "theorem", tmp_path / "work"
     shutil.copytree(made / "world", theorem / "world")
     archive = pack_folder(made / "model", tmp_path / "warm.tar.gz")
-    cmd = [sys.executable, str(STUDY / "confirm.py"), "--theorem", str(theorem)]
+    cmd = [sys.executable, str(STUDY / "confirm.py"), "--part", "a", "--theorem", str(theorem)]
     cmd += ["--work", str(work), "--results", str(tmp_path / "results"), "--seeds", "1"]
     cmd += ["--study", str(_study(tmp_path, 0.6))]
 
@@ -187,3 +189,66 @@ def test_another_warm_start_stops_the_runs_with_one_line(
     assert line.startswith(f"{theorem / 'model'}: not the theorem study's warm start (held-out EM")
     assert "CPU kernels" in line and f"{archive} holds the verified one" in line
     assert not (work / "lam0").exists()  # no run started
+
+
+def _report(path: Path, sha256: str, met: bool = True) -> Path:
+    path.write_text(
+        json.dumps({"model_sha256": sha256, "stopped_on_conditions": met}), encoding="utf-8"
+    )
+    return path
+
+
+def test_part_b_knows_its_warm_start_by_the_sha256_its_report_records(
+    tmp_path: Path, small_world, world_tokenizer
+) -> None:
+    """Part B (CONFIRMATION.md, amendment 1) unpacks the committed warm start and checks its
+    weights against the report's `model_sha256`, whatever its held-out EM: another model, or a
+    build that missed the warm-start conditions, stops it with one line before any run; the
+    reported one passes, and each run queued is noted with this machine in `machines.jsonl`."""
+    made = tmp_path / "made"
+    write_run_inputs(made, small_world, world_tokenizer)
+    digest = hashlib.sha256((made / "model" / "model.safetensors").read_bytes()).hexdigest()
+    archive = pack_folder(made / "model", tmp_path / "warm.tar.gz")
+    theorem, work, results = tmp_path / "theorem", tmp_path / "work", tmp_path / "results"
+    shutil.copytree(made / "world", theorem / "world")
+    cmd = [sys.executable, str(STUDY / "confirm.py"), "--theorem", str(theorem)]
+    cmd += ["--work", str(work), "--results", str(results), "--seeds", "1"]
+    cmd += ["--study", str(_study(tmp_path, 0.6)), "--warm-archive", str(archive)]
+
+    def confirm(report: Path) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [*cmd, "--warm-report", str(report)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+
+    other = confirm(_report(tmp_path / "other.json", "0" * 64))
+    assert other.returncode != 0 and "Traceback" not in other.stderr
+    assert other.stderr.strip().splitlines()[-1] == (
+        f"{theorem / 'model'}: not the warm start {tmp_path / 'other.json'} describes (weights "
+        f"sha256 {digest[:16]}, the report's {'0' * 16}); unpack the committed archive instead, "
+        "stopping"
+    )
+    missed = confirm(_report(tmp_path / "missed.json", digest, met=False))
+    assert missed.returncode != 0
+    assert "did not meet the warm-start conditions" in missed.stderr.strip().splitlines()[-1]
+    assert not work.exists()  # no run queued
+
+    for arm in ("lam0", "lam0.6"):  # both runs complete: the check runs, nothing trains
+        _log(results, arm, 1, 300)
+    done = confirm(_report(tmp_path / "report.json", digest))
+    assert done.returncode == 0, done.stderr
+    assert f"sha256 {digest[:16]}, as {tmp_path / 'report.json'} records" in done.stdout
+    assert not (work / "lam0").exists()
+
+    # lam0's log now incomplete: it is queued (and fails at once, its corpus gone) after a row
+    # naming this machine and its starting point is written
+    shutil.rmtree(results / "runs" / "lam0")
+    (theorem / "world" / "corpus.jsonl").unlink()
+    failed = confirm(tmp_path / "report.json")
+    assert failed.returncode != 0
+    rows = [json.loads(x) for x in (work / "lam0" / "seed1" / "machines.jsonl").open()]
+    assert [r["from_step"] for r in rows] == [0]
+    assert rows[0]["machine"].startswith(cpu_name())
+    assert not (work / "lam0.6").exists()  # complete: not queued

@@ -1,16 +1,24 @@
 """The LLDS-strength study's confirmation (CONFIRMATION.md): GRPO against the lambda the
 dose-response picked (rule 5), 300 steps, seeds in pairs, resumable in the background; the logs
-go to `results/confirm/runs/` and the tables to `results/confirm/summary.{md,json}`.
+go to `results/confirm_b/runs/` and the tables to `results/confirm_b/summary.{md,json}`.
 
-    python experiments/llds_strength/confirm.py --parallel 2      # seeds 1-6
+    python experiments/llds_strength/confirm.py --parallel 2      # seeds 1-6 of part B
     python experiments/llds_strength/confirm.py --seeds 7 8       # more seeds, same way
     python experiments/llds_strength/confirm.py --dry-run         # each run's config
     python experiments/llds_strength/confirm.py --collect         # copy the logs, tables
     python experiments/llds_strength/confirm.py --park            # also archive unfinished runs
+    python experiments/llds_strength/confirm.py --part a ...      # part A (results/confirm/)
+
+Two parts (CONFIRMATION.md, amendment 1), each from its own warm start and never pooled: part A
+from the theorem study's (`runs/theorem_world`, known by its held-out EM 0.750, which only the
+CPUs it was trained on rebuild), part B from the committed
+`../theorem_world/results/warm_start_3/model.tar.gz` (`runs/theorem_world_b`, known by the
+SHA-256 its report records), which every machine unpacks.
 
 A run takes longer than one machine may last: `--park` archives each unfinished run's newest
-checkpoint into `results/confirm/parked/` to commit, and a later call whose work folder is gone
-resumes from it (run.py: `park`, `unpark`).
+checkpoint into `RESULTS/parked/` to commit, and a later call whose work folder is gone
+resumes from it (run.py: `park`, `unpark`); `RESULTS/runs/ARM/seedN/machines.jsonl` says which
+machine each call queued it on.
 
 The lambda is read from `results/study.json` (`answers.confirmation_lambda`): nothing starts
 until the dose-response is complete and its rule has named one.
@@ -18,6 +26,7 @@ until the dose-response is complete and its rule has named one.
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -30,10 +39,30 @@ from llds.studies.strength_confirmation import (
     confirmation_summary,
     load_logs,
 )
-from run import HERE, driver_arguments, execute, ordered_runs, plan
+from run import HERE, WARM_START_ARCHIVE, driver_arguments, execute, ordered_runs, plan
 
 SPEED = ("optim.micro_batch_tokens=4096", "optim.logprob_micro_batch_tokens=16384")
 """CONFIRMATION.md: micro-batch budgets that change float rounding only, 1.13x faster here."""
+
+
+WARM_START_B = HERE.parent / "theorem_world" / "results" / "warm_start_3"
+PARTS = {
+    "a": {
+        "theorem": "runs/theorem_world",
+        "work": "runs/llds_strength/confirm",
+        "results": HERE / "results" / "confirm",
+        "warm_archive": WARM_START_ARCHIVE,
+        "warm_report": None,
+    },
+    "b": {
+        "theorem": "runs/theorem_world_b",
+        "work": "runs/llds_strength/confirm_b",
+        "results": HERE / "results" / "confirm_b",
+        "warm_archive": WARM_START_B / "model.tar.gz",
+        "warm_report": WARM_START_B / "report.json",
+    },
+}
+"""Each part's defaults (CONFIRMATION.md, amendment 1): its warm start and where its runs go."""
 
 
 def chosen_arm(study: Path) -> str:
@@ -57,8 +86,22 @@ def write_tables(results: Path, arm: str) -> None:
 
 
 def main() -> None:
-    p = driver_arguments(__doc__, "runs/llds_strength/confirm", HERE / "results" / "confirm", SEEDS)
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--part", choices=sorted(PARTS), default="b")
+    part = PARTS[pre.parse_known_args()[0].part]
+    p = driver_arguments(__doc__, part["work"], part["results"], SEEDS)
+    p.add_argument(
+        "--part",
+        choices=sorted(PARTS),
+        default="b",
+        help="which warm start and folders: a (the theorem study's) or b (%(default)s)",
+    )
     p.add_argument("--study", default=str(HERE / "results" / "study.json"), help="rule 5's lambda")
+    p.set_defaults(
+        theorem=part["theorem"],
+        warm_archive=str(part["warm_archive"]),
+        warm_report=str(part["warm_report"]) if part["warm_report"] else None,
+    )
     args = p.parse_args()
     theorem, work, results = Path(args.theorem), Path(args.work), Path(args.results)
     arm = chosen_arm(Path(args.study))

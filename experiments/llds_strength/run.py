@@ -25,18 +25,21 @@ import json
 import shutil
 import sys
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _common import config_data, print_dry_run, run_unfinished
+from _common import config_data, finished, print_dry_run, run_unfinished
 from llds.report.study_logs import COMMITTED_LOG, read_committed_metrics
 from llds.runs.folder_archive import pack_folder, unpack_folder
+from llds.studies.machine import machine
 from llds.studies.strength_study import ARMS, SEEDS, WARM_EM
-from llds.train.checkpoint import find_resumable, point_latest
+from llds.train.checkpoint import checkpoint_step, find_resumable, point_latest
 from llds.train.config import load_config
 
 HERE = Path(__file__).resolve().parent
+MACHINES_LOG = "machines.jsonl"
 LR = 3e-4  # the theorem study's calibrated rate (../theorem_world/results/calibration.json)
 
 
@@ -93,17 +96,20 @@ def ensure_warm_start(theorem: Path, archive: Path = WARM_START_ARCHIVE) -> None
     print(f"warm start: unpacked {archive} into {model}", flush=True)
 
 
-def check_warm_start(theorem: Path, work: Path, archive: Path = WARM_START_ARCHIVE) -> None:
+def check_warm_start(
+    theorem: Path, work: Path, archive: Path = WARM_START_ARCHIVE, report: Path | None = None
+) -> None:
     """Step-0 held-out EM of the warm start, measured as the runs measure it; the study stops
-    unless it equals the theorem study's (the same warm start). A verified warm start not yet
-    archived is archived, to commit."""
+    unless the model is the one its runs start from: with no `report`, the theorem study's
+    (its held-out EM); with one, the model that report describes (its `model_sha256`, and it
+    must have stopped on the warm-start conditions: CONFIRMATION.md, amendment 1). A verified
+    warm start not yet archived is archived, to commit."""
     from llds.data.loaders import load_examples
     from llds.evaluation.evaluate import evaluate
     from llds.evaluation.periodic import eval_rollout_config
     from llds.models.hf import load_policy
     from llds.retrieval.factory import open_retriever
     from llds.runs.eval_result import eval_file
-    from llds.studies.machine import machine
     from llds.train.checkpoint import file_sha256
 
     model = theorem / "model"
@@ -114,6 +120,8 @@ def check_warm_start(theorem: Path, work: Path, archive: Path = WARM_START_ARCHI
             f"{theorem}`, then this check tells whether it is the theorem study's"
         )
     digest = file_sha256(model / "model.safetensors")
+    if report is not None:
+        _check_reported_model(model, digest, report)
     out = eval_file(work / "warm_eval" / digest[:16], 0)  # one measurement per distinct model
     if not out.is_file():
         cfg = run_config(theorem, work, "lam0", 1)
@@ -125,10 +133,10 @@ def check_warm_start(theorem: Path, work: Path, archive: Path = WARM_START_ARCHI
     em = json.loads(out.read_text(encoding="utf-8"))["overall"]["em"]
     print(
         f"warm start: held-out EM {em:.3f} (the theorem study's: {WARM_EM:.3f}); weights "
-        f"sha256 {digest[:16]}",
+        f"sha256 {digest[:16]}" + (f", as {report} records" if report is not None else ""),
         flush=True,
     )
-    if abs(em - WARM_EM) > 1e-9:
+    if report is None and abs(em - WARM_EM) > 1e-9:
         where = (
             f"{archive} holds the verified one: move {model} aside and run again"
             if archive.is_file()
@@ -142,6 +150,42 @@ def check_warm_start(theorem: Path, work: Path, archive: Path = WARM_START_ARCHI
     if not archive.is_file():
         pack_folder(model, archive)
         print(f"warm start: verified and archived in {archive}; commit it", flush=True)
+
+
+def _check_reported_model(model: Path, digest: str, report: Path) -> None:
+    """Stop unless `model` holds the weights `report` (a warm_start.py report) describes and
+    that build met the warm-start conditions."""
+    try:
+        data = json.loads(report.read_text(encoding="utf-8"))
+        expected, met = data["model_sha256"], data["stopped_on_conditions"]
+    except (OSError, ValueError, KeyError) as e:
+        raise SystemExit(f"{report}: no warm-start report with model_sha256 ({e})") from e
+    if not met:
+        raise SystemExit(
+            f"{report}: that warm start did not meet the warm-start conditions "
+            "(stopped_on_conditions false); its runs do not start"
+        )
+    if digest != expected:
+        raise SystemExit(
+            f"{model}: not the warm start {report} describes (weights sha256 {digest[:16]}, "
+            f"the report's {expected[:16]}); unpack the committed archive instead, stopping"
+        )
+
+
+def note_machine(run: Path) -> None:
+    """Append the machine this call queues `run` on, and the checkpoint it resumes from, to
+    `run/machines.jsonl`. A run parked on one machine and resumed on another changes its float
+    rounding from that step on (CONFIRMATION.md, amendment 1); this says where. One row per
+    driver call that queued the run, whether or not its turn came."""
+    ckpt, _ = find_resumable(run / "checkpoints")
+    row = {
+        "queued": datetime.now(UTC).isoformat(timespec="seconds"),
+        "from_step": (checkpoint_step(ckpt) or 0) if ckpt is not None else 0,
+        "machine": machine(),
+    }
+    run.mkdir(parents=True, exist_ok=True)
+    with (run / MACHINES_LOG).open("a", encoding="utf-8") as f:
+        f.write(json.dumps(row, sort_keys=True) + "\n")
 
 
 def committed_steps(results: Path, arm: str, seed: int) -> int:
@@ -186,8 +230,9 @@ def collect(work: Path, results: Path, runs: Sequence[tuple[str, int]]) -> None:
             gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as g,
         ):
             shutil.copyfileobj(f, g)  # no name or time in the header: same log, same bytes
-        if (src / "alarms.jsonl").is_file():
-            shutil.copyfile(src / "alarms.jsonl", dst / "alarms.jsonl")
+        for name in ("alarms.jsonl", MACHINES_LOG):
+            if (src / name).is_file():
+                shutil.copyfile(src / name, dst / name)
         evals = {}
         for path in sorted((src / "eval").glob("step_*.json")):
             overall = json.loads(path.read_text(encoding="utf-8"))["overall"]
@@ -278,7 +323,11 @@ def execute(runs: Sequence[dict[str, Any]], theorem: Path, work: Path, results: 
                 )
         ensure_world(theorem)
         ensure_warm_start(theorem, Path(args.warm_archive))
-        check_warm_start(theorem, work, Path(args.warm_archive))
+        report = Path(args.warm_report) if args.warm_report else None
+        check_warm_start(theorem, work, Path(args.warm_archive), report)
+        for r in todo:
+            if not finished(r["config"]):
+                note_machine(Path(r["config"].run_dir))
         run_unfinished([r["config"] for r in todo], args.parallel)
     collect(work, results, pairs)
     retire_parked(results, todo)
@@ -299,6 +348,12 @@ def driver_arguments(
         "--warm-archive",
         default=str(WARM_START_ARCHIVE),
         help="the verified warm start, unpacked when --theorem has no model",
+    )
+    p.add_argument(
+        "--warm-report",
+        default=None,
+        help="a warm_start.py report whose model_sha256 names the warm start (default: the "
+        "theorem study's, known by its held-out EM)",
     )
     p.add_argument(
         "--parallel",
