@@ -241,6 +241,10 @@ def test_part_b_knows_its_warm_start_by_the_sha256_its_report_records(
     assert done.returncode == 0, done.stderr
     assert f"sha256 {digest[:16]}, as {tmp_path / 'report.json'} records" in done.stdout
     assert not (work / "lam0").exists()
+    em = json.loads((results / "warm_start.json").read_text(encoding="utf-8"))["held_out_em"]
+    summary = json.loads((results / "summary.json").read_text(encoding="utf-8"))
+    assert summary["warm_em"] == em and summary["part"].startswith("part B")
+    assert {r["em"]["0"] for by in summary["runs"].values() for r in by.values()} == {em}
 
     # lam0's log now incomplete: it is queued (and fails at once, its corpus gone) after a row
     # naming this machine and its starting point is written
@@ -252,3 +256,26 @@ def test_part_b_knows_its_warm_start_by_the_sha256_its_report_records(
     assert [r["from_step"] for r in rows] == [0]
     assert rows[0]["machine"].startswith(cpu_name())
     assert not (work / "lam0.6").exists()  # complete: not queued
+
+
+def test_the_committed_confirmation_tables_recompute_from_the_committed_logs(
+    tmp_path: Path,
+) -> None:
+    """Each part's `summary.md` and `summary.json` are what `confirm.py --collect` writes from
+    the committed logs alone (a new machine: no work folder)."""
+    parts = {"a": STUDY / "results" / "confirm", "b": STUDY / "results" / "confirm_b"}
+    checked = 0
+    for part, committed in parts.items():
+        if not (committed / "summary.md").is_file():
+            continue
+        results = tmp_path / part
+        shutil.copytree(committed, results)
+        for name in ("summary.md", "summary.json"):
+            (results / name).unlink()
+        _confirm("--part", part, "--collect", "--work", tmp_path / "none", "--results", results)
+        for name in ("summary.md", "summary.json"):
+            assert (results / name).read_text(encoding="utf-8") == (committed / name).read_text(
+                encoding="utf-8"
+            ), (part, name)
+        checked += 1
+    assert checked >= 1  # part A's tables are committed

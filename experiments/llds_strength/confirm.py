@@ -39,7 +39,8 @@ from llds.studies.strength_confirmation import (
     confirmation_summary,
     load_logs,
 )
-from run import HERE, WARM_START_ARCHIVE, driver_arguments, execute, ordered_runs, plan
+from llds.studies.strength_study import WARM_EM
+from run import HERE, WARM_EVAL, WARM_START_ARCHIVE, driver_arguments, execute, ordered_runs, plan
 
 SPEED = ("optim.micro_batch_tokens=4096", "optim.logprob_micro_batch_tokens=16384")
 """CONFIRMATION.md: micro-batch budgets that change float rounding only, 1.13x faster here."""
@@ -53,6 +54,7 @@ PARTS = {
         "results": HERE / "results" / "confirm",
         "warm_archive": WARM_START_ARCHIVE,
         "warm_report": None,
+        "label": "part A (the theorem study's warm start)",
     },
     "b": {
         "theorem": "runs/theorem_world_b",
@@ -60,6 +62,7 @@ PARTS = {
         "results": HERE / "results" / "confirm_b",
         "warm_archive": WARM_START_B / "model.tar.gz",
         "warm_report": WARM_START_B / "report.json",
+        "label": "part B (warm start B, ../theorem_world/results/warm_start_3)",
     },
 }
 """Each part's defaults (CONFIRMATION.md, amendment 1): its warm start and where its runs go."""
@@ -79,8 +82,17 @@ def chosen_arm(study: Path) -> str:
     return arm_for(float(lam))
 
 
-def write_tables(results: Path, arm: str) -> None:
-    summary = confirmation_summary(load_logs(results / "runs", arm), arm)
+def write_tables(results: Path, arm: str, part: str) -> None:
+    """The part's tables from its logs, with its warm start's step-0 held-out EM: the theorem
+    study's for part A, the one the driver measured for part B (`RESULTS/warm_start.json`)."""
+    warm_em: float | None = WARM_EM
+    if PARTS[part]["warm_report"] is not None:
+        measured = results / WARM_EVAL
+        warm_em = None
+        if measured.is_file():
+            warm_em = json.loads(measured.read_text(encoding="utf-8"))["held_out_em"]
+    runs = load_logs(results / "runs", arm)
+    summary = confirmation_summary(runs, arm, warm_em, PARTS[part]["label"])
     write_json(results / "summary.json", summary["json"])
     (results / "summary.md").write_text(summary["markdown"], encoding="utf-8")
 
@@ -114,7 +126,7 @@ def main() -> None:
     )
     execute(runs, theorem, work, results, args)
     if not args.dry_run:
-        write_tables(results, arm)
+        write_tables(results, arm, args.part)
 
 
 if __name__ == "__main__":

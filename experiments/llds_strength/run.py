@@ -31,6 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _common import config_data, finished, print_dry_run, run_unfinished
+from llds.io import write_json
 from llds.report.study_logs import COMMITTED_LOG, read_committed_metrics
 from llds.runs.folder_archive import pack_folder, unpack_folder
 from llds.studies.machine import machine
@@ -40,6 +41,7 @@ from llds.train.config import load_config
 
 HERE = Path(__file__).resolve().parent
 MACHINES_LOG = "machines.jsonl"
+WARM_EVAL = "warm_start.json"  # a part's warm start's step-0 held-out EM, where it is not 0.750
 LR = 3e-4  # the theorem study's calibrated rate (../theorem_world/results/calibration.json)
 
 
@@ -98,12 +100,12 @@ def ensure_warm_start(theorem: Path, archive: Path = WARM_START_ARCHIVE) -> None
 
 def check_warm_start(
     theorem: Path, work: Path, archive: Path = WARM_START_ARCHIVE, report: Path | None = None
-) -> None:
+) -> float:
     """Step-0 held-out EM of the warm start, measured as the runs measure it; the study stops
     unless the model is the one its runs start from: with no `report`, the theorem study's
     (its held-out EM); with one, the model that report describes (its `model_sha256`, and it
     must have stopped on the warm-start conditions: CONFIRMATION.md, amendment 1). A verified
-    warm start not yet archived is archived, to commit."""
+    warm start not yet archived is archived, to commit. Returns the held-out EM."""
     from llds.data.loaders import load_examples
     from llds.evaluation.evaluate import evaluate
     from llds.evaluation.periodic import eval_rollout_config
@@ -150,6 +152,7 @@ def check_warm_start(
     if not archive.is_file():
         pack_folder(model, archive)
         print(f"warm start: verified and archived in {archive}; commit it", flush=True)
+    return em
 
 
 def _check_reported_model(model: Path, digest: str, report: Path) -> None:
@@ -324,7 +327,9 @@ def execute(runs: Sequence[dict[str, Any]], theorem: Path, work: Path, results: 
         ensure_world(theorem)
         ensure_warm_start(theorem, Path(args.warm_archive))
         report = Path(args.warm_report) if args.warm_report else None
-        check_warm_start(theorem, work, Path(args.warm_archive), report)
+        em = check_warm_start(theorem, work, Path(args.warm_archive), report)
+        if report is not None:  # a warm start other than the theorem study's: keep its EM
+            write_json(results / WARM_EVAL, {"held_out_em": em, "report": str(report)})
         for r in todo:
             if not finished(r["config"]):
                 note_machine(Path(r["config"].run_dir))

@@ -99,13 +99,20 @@ def smallest_fisher_p(n_a: int, n_b: int) -> float | None:
     return min(p for p in extremes if p is not None)
 
 
-def confirmation_summary(runs: Mapping[str, Mapping[int, Rows]], llds_arm: str) -> dict[str, Any]:
+def confirmation_summary(
+    runs: Mapping[str, Mapping[int, Rows]],
+    llds_arm: str,
+    warm_em: float | None = WARM_EM,
+    part: str = "",
+) -> dict[str, Any]:
     """Every run's numbers, both arms over their complete seeds and the protocol's three answers,
     as `{"json": ..., "markdown": ...}`. `runs` is `{arm: {seed: rows}}` for `lam0` and
-    `llds_arm`; partial runs are listed and kept out of the answers."""
+    `llds_arm`; partial runs are listed and kept out of the answers. `warm_em` is the step-0
+    held-out EM of the warm start the runs started from (None where unmeasured); `part` names
+    which part of the confirmation they are (CONFIRMATION.md, amendment 1) in the heading."""
     names = {BASE_ARM: "grpo", llds_arm: "grpo-llds"}  # the theorem study's arm names
     per_run = {
-        arm: {s: theorem_study.run_summary(rows, WARM_EM) for s, rows in sorted(by.items())}
+        arm: {s: theorem_study.run_summary(rows, warm_em) for s, rows in sorted(by.items())}
         for arm, by in runs.items()
     }
     done = {arm: {s: r["steps"] >= STEPS for s, r in by.items()} for arm, by in per_run.items()}
@@ -165,9 +172,10 @@ def confirmation_summary(runs: Mapping[str, Mapping[int, Rows]], llds_arm: str) 
     answers["em_verdict"] = (
         "pending" if p is None else "a difference" if p < DIFFERENCE_P else "no difference detected"
     )
-    data = {"llds_arm": llds_arm, "runs": per_run, "complete": done, "per_arm": per_arm}
-    data["answers"] = answers
-    return {"json": data, "markdown": _markdown(per_run, done, per_arm, answers, llds_arm)}
+    data = {"llds_arm": llds_arm, "part": part, "warm_em": warm_em, "runs": per_run}
+    data.update({"complete": done, "per_arm": per_arm, "answers": answers})
+    markdown = _markdown(per_run, done, per_arm, answers, llds_arm, part)
+    return {"json": data, "markdown": markdown}
 
 
 def condition_lines(conditions: Mapping[str, Sequence[Any]] | None, llds_arm: str) -> list[str]:
@@ -217,8 +225,10 @@ def _markdown(
     per_arm: Mapping[str, Mapping[str, Any]],
     answers: Mapping[str, Any],
     llds_arm: str,
+    part: str = "",
 ) -> str:
-    md = [f"# LLDS-strength confirmation: {BASE_ARM} against {llds_arm}, {STEPS} steps", ""]
+    title = "LLDS-strength confirmation" + (f", {part}" if part else "")
+    md = [f"# {title}: {BASE_ARM} against {llds_arm}, {STEPS} steps", ""]
     md += [
         "| arm | seed | steps | collapse | pooled share fell before any fall (fell/positive) "
         "| LLD rule 1 (window) | LLD rule 2 (probe step) | search decline (step) "
