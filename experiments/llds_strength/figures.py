@@ -1,8 +1,8 @@
 """The LLDS-strength study's figures: from `results/study.json` (tables.py writes it) the
 pooled share of pushed-up responses that fell against lambda (every complete seed, the median,
 one binomial SE of the share pooled over seeds) and the share by mini-batch index k; from the
-confirmation's logs and `results/confirm/summary.json` (`confirm.py --collect` writes them) its
-runs over their steps, complete or not.
+confirmation's logs and summaries (`confirm.py --collect` writes them) the runs of each of its
+parts over their steps, complete or not.
 
     python experiments/llds_strength/figures.py    # -> docs/results/llds-strength-*.png
 """
@@ -23,6 +23,10 @@ from llds.studies.strength_study import DOSE_ARMS
 
 HERE = Path(__file__).resolve().parent
 DOCS = HERE.parents[1] / "docs" / "results"
+CONFIRMATION_PARTS = (
+    ("confirm", "llds-strength-confirmation.png"),  # part A
+    ("confirm_b", "llds-strength-confirmation-b.png"),  # part B (CONFIRMATION.md, amendment 1)
+)
 
 
 def share_vs_lambda(study: dict, out: Path) -> None:
@@ -105,6 +109,8 @@ def confirmation_runs(summary: dict, logs: dict, out: Path) -> None:
         ax.set_xlim(0, STEPS)
         ax.grid(True, alpha=0.3)
     axes[0].legend(fontsize=7)
+    if summary.get("part"):
+        fig.suptitle(f"confirmation, {summary['part']}", fontsize=10)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
 
@@ -118,11 +124,14 @@ def main() -> None:
     out = Path(args.out)
     share_vs_lambda(study, out / "llds-strength-lambda.png")
     share_by_k(study, out / "llds-strength-minibatch.png")
-    confirm = HERE / "results" / "confirm"
-    summary = json.loads((confirm / "summary.json").read_text(encoding="utf-8"))
-    logs = load_logs(confirm / "runs", summary["llds_arm"])
-    if logs:
-        confirmation_runs(summary, logs, out / "llds-strength-confirmation.png")
+    for folder, name in CONFIRMATION_PARTS:
+        summary_path = HERE / "results" / folder / "summary.json"
+        if not summary_path.is_file():  # part B before its first collect
+            continue
+        summary = json.loads(summary_path.read_text(encoding="utf-8"))
+        logs = load_logs(summary_path.parent / "runs", summary["llds_arm"])
+        if logs:
+            confirmation_runs(summary, logs, out / name)
 
 
 if __name__ == "__main__":
