@@ -255,6 +255,7 @@ def test_part_b_knows_its_warm_start_by_the_sha256_its_report_records(
     rows = [json.loads(x) for x in (work / "lam0" / "seed1" / "machines.jsonl").open()]
     assert [r["from_step"] for r in rows] == [0]
     assert rows[0]["machine"].startswith(cpu_name())
+    assert "(1 torch threads," in rows[0]["machine"]  # the run's, not the driver's
     assert not (work / "lam0.6").exists()  # complete: not queued
 
 

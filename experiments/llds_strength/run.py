@@ -175,7 +175,7 @@ def _check_reported_model(model: Path, digest: str, report: Path) -> None:
         )
 
 
-def note_machine(run: Path) -> None:
+def note_machine(run: Path, threads: int) -> None:
     """Append the machine this call queues `run` on, and the checkpoint it resumes from, to
     `run/machines.jsonl`. A run parked on one machine and resumed on another changes its float
     rounding from that step on (CONFIRMATION.md, amendment 1); this says where. One row per
@@ -184,7 +184,7 @@ def note_machine(run: Path) -> None:
     row = {
         "queued": datetime.now(UTC).isoformat(timespec="seconds"),
         "from_step": (checkpoint_step(ckpt) or 0) if ckpt is not None else 0,
-        "machine": machine(),
+        "machine": machine(threads),  # the run's threads, not this driver's
     }
     run.mkdir(parents=True, exist_ok=True)
     with (run / MACHINES_LOG).open("a", encoding="utf-8") as f:
@@ -331,8 +331,8 @@ def execute(runs: Sequence[dict[str, Any]], theorem: Path, work: Path, results: 
         if report is not None:  # a warm start other than the theorem study's: keep its EM
             write_json(results / WARM_EVAL, {"held_out_em": em, "report": str(report)})
         for r in todo:
-            if not finished(r["config"]):
-                note_machine(Path(r["config"].run_dir))
+            if not finished(r["config"]):  # threads: start_run's 1 where the config has none
+                note_machine(Path(r["config"].run_dir), r["config"].threads or 1)
         run_unfinished([r["config"] for r in todo], args.parallel)
     collect(work, results, pairs)
     retire_parked(results, todo)

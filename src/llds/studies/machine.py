@@ -23,13 +23,14 @@ def cpu_name() -> str:
     return name
 
 
-def machine() -> str:
+def machine(threads: int | None = None) -> str:
     """One line naming the CPU/GPU, core count, torch's CPU kernel set (its figures depend on it)
-    and library versions the numbers were taken on."""
+    and library versions the numbers were taken on. `threads`: the torch threads of the process
+    that takes them, where that is not this one (default: this process's)."""
     import torch
 
     dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
-    threads = torch.get_num_threads()
+    threads = torch.get_num_threads() if threads is None else threads
     kernels = torch.backends.cpu.get_cpu_capability()
     return (
         f"{cpu_name()}, {os.cpu_count()} cores ({threads} torch threads, {kernels} CPU kernels), "
