@@ -241,7 +241,9 @@ def test_part_b_knows_its_warm_start_by_the_sha256_its_report_records(
     assert done.returncode == 0, done.stderr
     assert f"sha256 {digest[:16]}, as {tmp_path / 'report.json'} records" in done.stdout
     assert not (work / "lam0").exists()
-    em = json.loads((results / "warm_start.json").read_text(encoding="utf-8"))["held_out_em"]
+    kept = json.loads((results / "warm_start.json").read_text(encoding="utf-8"))
+    assert kept["model_sha256"] == digest and set(kept) == {"held_out_em", "model_sha256"}
+    em = kept["held_out_em"]
     summary = json.loads((results / "summary.json").read_text(encoding="utf-8"))
     assert summary["warm_em"] == em and summary["part"].startswith("part B")
     assert {r["em"]["0"] for by in summary["runs"].values() for r in by.values()} == {em}

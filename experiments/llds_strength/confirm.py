@@ -106,7 +106,8 @@ def main() -> None:
         "--part",
         choices=sorted(PARTS),
         default="b",
-        help="which warm start and folders: a (the theorem study's) or b (%(default)s)",
+        help="which warm start and folders: a (the theorem study's) or b (warm start B, the "
+        "default)",
     )
     p.add_argument("--study", default=str(HERE / "results" / "study.json"), help="rule 5's lambda")
     p.set_defaults(

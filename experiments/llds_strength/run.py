@@ -329,7 +329,8 @@ def execute(runs: Sequence[dict[str, Any]], theorem: Path, work: Path, results: 
         report = Path(args.warm_report) if args.warm_report else None
         em = check_warm_start(theorem, work, Path(args.warm_archive), report)
         if report is not None:  # a warm start other than the theorem study's: keep its EM
-            write_json(results / WARM_EVAL, {"held_out_em": em, "report": str(report)})
+            digest = json.loads(report.read_text(encoding="utf-8"))["model_sha256"]
+            write_json(results / WARM_EVAL, {"held_out_em": em, "model_sha256": digest})
         for r in todo:
             if not finished(r["config"]):  # threads: start_run's 1 where the config has none
                 note_machine(Path(r["config"].run_dir), r["config"].threads or 1)
