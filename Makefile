@@ -43,8 +43,9 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check src tests benchmarks examples experiments
 
 # pytest exits 5 when it collects nothing: treat that as a failure, never as green.
+# Two workers, one test file each at a time: 11.7 min against 14-16 serially on 2 cores.
 test-main: $(STAMP) lint browser
-	$(VENV)/bin/pytest -q tests; rc=$$?; \
+	$(VENV)/bin/pytest -q -n 2 --dist loadfile tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "no tests were collected: failing"; exit 1; fi; exit $$rc
 
 test-verl: $(VERL_STAMP)
