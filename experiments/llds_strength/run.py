@@ -100,12 +100,12 @@ def ensure_warm_start(theorem: Path, archive: Path = WARM_START_ARCHIVE) -> None
 
 def check_warm_start(
     theorem: Path, work: Path, archive: Path = WARM_START_ARCHIVE, report: Path | None = None
-) -> float:
+) -> tuple[float, str]:
     """Step-0 held-out EM of the warm start, measured as the runs measure it; the study stops
     unless the model is the one its runs start from: with no `report`, the theorem study's
     (its held-out EM); with one, the model that report describes (its `model_sha256`, and it
     must have stopped on the warm-start conditions: CONFIRMATION.md, amendment 1). A verified
-    warm start not yet archived is archived, to commit. Returns the held-out EM."""
+    warm start not yet archived is archived, to commit. Returns its held-out EM and SHA-256."""
     from llds.data.loaders import load_examples
     from llds.evaluation.evaluate import evaluate
     from llds.evaluation.periodic import eval_rollout_config
@@ -152,7 +152,7 @@ def check_warm_start(
     if not archive.is_file():
         pack_folder(model, archive)
         print(f"warm start: verified and archived in {archive}; commit it", flush=True)
-    return em
+    return em, digest
 
 
 def _check_reported_model(model: Path, digest: str, report: Path) -> None:
@@ -327,9 +327,8 @@ def execute(runs: Sequence[dict[str, Any]], theorem: Path, work: Path, results: 
         ensure_world(theorem)
         ensure_warm_start(theorem, Path(args.warm_archive))
         report = Path(args.warm_report) if args.warm_report else None
-        em = check_warm_start(theorem, work, Path(args.warm_archive), report)
+        em, digest = check_warm_start(theorem, work, Path(args.warm_archive), report)
         if report is not None:  # a warm start other than the theorem study's: keep its EM
-            digest = json.loads(report.read_text(encoding="utf-8"))["model_sha256"]
             write_json(results / WARM_EVAL, {"held_out_em": em, "model_sha256": digest})
         for r in todo:
             if not finished(r["config"]):  # threads: start_run's 1 where the config has none
