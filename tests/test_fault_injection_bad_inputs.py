@@ -67,7 +67,7 @@ def test_a_run_dir_that_is_a_file(inputs, tmp_path, capsys, no_model_load):  # n
     path = tmp_path / "run"
     path.write_text(PREVIOUS_ROWS, encoding="utf-8")
     rc, out = cli(train(inputs, path), capsys)
-    assert f"run_dir: {path} is a file, not a directory" in error_line(rc, out, "train")
+    assert f"run_dir={path}: exists and is not a directory" in error_line(rc, out, "train")
     assert path.read_text(encoding="utf-8") == PREVIOUS_ROWS
 
 

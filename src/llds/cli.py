@@ -21,7 +21,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import pkgutil
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
@@ -31,12 +33,13 @@ from llds.config.cli import (
     add_config_arguments,
     command_config,
     config_class,
+    existing_paths,
     print_config,
     resolve,
 )
 from llds.config.loader import collecting_missing
 from llds.errors import UserInputError
-from llds.io import check_directory_target, write_failure
+from llds.io import NO_SPACE, check_directory_target, check_output, write_failure
 
 
 def _command_modules() -> dict[str, ModuleType]:
@@ -78,6 +81,13 @@ def command_parser(name: str, module: ModuleType) -> argparse.ArgumentParser:
     )
     if hasattr(module, "add_arguments"):
         module.add_arguments(p)
+    if _outputs(module):
+        p.add_argument(
+            "--overwrite",
+            action="store_true",
+            help="write into an output folder that holds other files, or is the working "
+            "directory (an output that holds an input the command reads is always refused)",
+        )
     p.set_defaults(_module=module, command=name)
     return p
 
@@ -90,10 +100,24 @@ def run_command(args: argparse.Namespace) -> int:
         print_config(cfg, absent)
         return 0
     cfg = command_config(args)
-    keys = getattr(args._module, "OUTPUT_DIRS", ())
+    module = args._module
+    keys = getattr(module, "OUTPUT_DIRS", ())
     outputs = [_field(cfg, key) for key in keys]
     for key, path in zip(keys, outputs, strict=True):
         check_directory_target(key, path)  # before any work starts
+    read = existing_paths(cfg, _outputs(module))
+    if args.config and Path(args.config).is_file():
+        read.append(("--config", args.config))
+    for key in _outputs(module):
+        check_output(
+            key,
+            _field(cfg, key),
+            inputs=read,
+            owns=getattr(module, "OUTPUT_OWNS", ()),
+            overwrite=getattr(args, "overwrite", False),
+            command=f"llds {args.command}",
+            folder=key in keys,
+        )
     new = [Path(p) for p in outputs if p not in (None, "") and not Path(p).exists()]
     try:
         return int(args._module.run(cfg, args) or 0)
@@ -104,6 +128,12 @@ def run_command(args: argparse.Namespace) -> int:
         raise
 
 
+def _outputs(module: ModuleType) -> tuple[str, ...]:
+    """The keys of what a command writes: its folders (`OUTPUT_DIRS`) and files
+    (`OUTPUT_FILES`), each claimed by `check_output` before the command runs."""
+    return (*getattr(module, "OUTPUT_DIRS", ()), *getattr(module, "OUTPUT_FILES", ()))
+
+
 def _field(cfg: object, key: str) -> object:
     """The value of a dotted key of a config (`out`, `run_dir`)."""
     for part in key.split("."):
@@ -111,7 +141,27 @@ def _field(cfg: object, key: str) -> object:
     return cfg
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (Slurm's preemption, `docker stop`, `kill`): the command stops the way Ctrl-C
+    stops it, every `finally` and lock release run, and the run resumes from its last
+    checkpoint."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    if threading.current_thread() is not threading.main_thread():
+        return _main(argv)
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        return _main(argv)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     modules = _command_modules()
     if argv and argv[0] in modules:
@@ -124,9 +174,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return run_command(args)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        terminated = isinstance(exc, Terminated)
+        print("terminated (SIGTERM)" if terminated else "interrupted", file=sys.stderr)
+        return 143 if terminated else 130
     except UserInputError as exc:  # bad input named by the raiser: no traceback for the user
         print(f"llds {args.command}: error: {exc}", file=sys.stderr)
         return 2
@@ -135,9 +186,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if why is None:
             raise
         where = getattr(exc, "filename", None)
+        fix = "free space" if why == NO_SPACE else "fix the permission (or choose another folder)"
         print(
             f"llds {args.command}: error: a write failed ({why}{f': {where}' if where else ''}); "
-            "free space or fix the permission, then run the same command",
+            f"{fix}, then run the same command",
             file=sys.stderr,
         )
         return 2

@@ -7,7 +7,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
@@ -51,12 +51,23 @@ def _out_of_space(path: Path, margin: int = 1 << 20) -> bool:
     return False
 
 
+def _advice(kept: str, why: str) -> str:
+    """`kept` (what is intact, what to do) with its remedy fitted to `why`: freeing space
+    helps only a full disk; a read-only folder or a permission needs the permission fixed."""
+    if why == NO_SPACE:
+        return kept
+    fix = "make it writable (or choose another folder)"
+    return kept.replace("free space or fix the permission", fix).replace("free space", fix)
+
+
 def silent_write_failed(path: str | os.PathLike[str], kept: str) -> WriteFailedError:
     """The error for a writer that failed without raising (it only logged it, or left the file
     short): one line naming `path`, why (no space left, when `path`'s file system has none),
     and `kept`."""
     why = NO_SPACE if _out_of_space(Path(path)) else "the write failed"
-    return WriteFailedError(f"{path} could not be written ({why}); {kept}", path=path, why=why)
+    return WriteFailedError(
+        f"{path} could not be written ({why}); {_advice(kept, why)}", path=path, why=why
+    )
 
 
 @contextmanager
@@ -72,7 +83,7 @@ def failing_writes_stop(path: str | os.PathLike[str], kept: str) -> Iterator[Non
         if why is None:
             raise
         raise WriteFailedError(
-            f"{path} could not be written ({why}); {kept}", path=path, why=why
+            f"{path} could not be written ({why}); {_advice(kept, why)}", path=path, why=why
         ) from None
 
 
@@ -114,7 +125,7 @@ def atomic_directory(target: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temp directory beside `target`; on success it replaces `target` (an old
     directory is moved aside first and removed last), on failure it is deleted. Used for every
     directory the project writes whole: indexes, saved models, converted checkpoints."""
-    final = Path(target)
+    final = Path(os.path.abspath(Path(target).expanduser()))  # `.` has no name to go beside
     if final.exists() and not final.is_dir():
         raise UserInputError(f"{final}: exists and is not a directory")
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -209,3 +220,64 @@ def read_text_utf8(path: Path) -> str:
             f"{path} line {line}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset "
             f"{exc.start}); save the file as UTF-8"
         ) from None
+
+
+# ------------------------------------------------------------------------- claiming an output
+
+
+def _real(path: str | os.PathLike[str]) -> Path:
+    """`path` absolute, `..` and symlinks resolved (so that `W/.` and `W` compare equal)."""
+    return Path(os.path.realpath(Path(path).expanduser()))
+
+
+def _is_within(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
+def check_output(
+    key: str,
+    path: str | os.PathLike[str] | None,
+    *,
+    inputs: Iterable[tuple[str, str | os.PathLike[str]]] = (),
+    owns: Sequence[str] = (),
+    overwrite: bool = False,
+    command: str = "this command",
+    folder: bool = True,
+) -> None:
+    """Refuse, before any work, an output `path` (given as `key`) whose writing could destroy
+    what the command did not write: one that is, holds or contains one of its `inputs`
+    (`(key, path)` pairs; never allowed), the working directory or a folder above it, or a
+    non-empty folder holding none of `owns` (the names the command's own earlier output holds).
+    `overwrite` (the user's `--overwrite`) allows the last two; for a file output (not
+    `folder`) only the inputs are checked. Replacing is the writers' business: they write
+    beside and rename (`atomic_write`, `atomic_directory`), never delete first."""
+    if path is None or str(path) == "":
+        return
+    target = _real(path)
+    for name, given in inputs:
+        source = _real(given)
+        if _is_within(source, target):
+            how = "is" if source == target else "holds" if source.parent == target else "contains"
+            raise UserInputError(
+                f"{key}={path}: {how} the input {name}={given}, which writing the output "
+                "would replace; give an output folder of its own"
+            )
+    if overwrite or not folder:
+        return
+    cwd = _real(os.getcwd())
+    if _is_within(cwd, target):
+        what = "is the working directory" if cwd == target else "holds the working directory"
+        raise UserInputError(
+            f"{key}={path}: {what}, whose files writing the output could replace; give a new "
+            "folder (e.g. runs/NAME), or pass --overwrite to write there anyway"
+        )
+    if target.is_dir() and not any((target / name).exists() for name in owns):
+        entries = sorted(p.name for p in target.iterdir())
+        if entries:
+            shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+            raise UserInputError(
+                f"{key}={path}: a folder with {len(entries)} "
+                f"{'entry' if len(entries) == 1 else 'entries'} ({shown}), not an "
+                f"earlier output of {command}; give a new or empty folder, or pass --overwrite "
+                "if its files may be replaced"
+            )

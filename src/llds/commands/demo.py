@@ -9,6 +9,8 @@ HELP = "the main job on the embedded default: GRPO vs GRPO+LLDS on the organism,
 ALIASES = {"--out": "out", "--skip-train": "skip_train"}
 OUTPUT_DIRS = ("out",)
 """directories this command writes: refused up front when they exist as files"""
+OUTPUT_OWNS = ("world", "sft", "grpo", "report")
+"""what an earlier output of this command holds: such a folder may be written again"""
 
 
 CONFIG = "llds.demo:DemoConfig"

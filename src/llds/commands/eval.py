@@ -1,7 +1,8 @@
 """`llds eval`: greedy evaluation of a model on QA data with search.
 
 A thin adapter: the keys are `EvalConfig`'s fields (the protocol's under `protocol.`); the work
-is `llds.evaluation.evaluate.run_evaluation`.
+is `llds.evaluation.evaluate.run_evaluation`. `model` may be a LoRA checkpoint: its adapter is
+put on the base it was trained on (checked) and merged.
 """
 
 from __future__ import annotations
@@ -11,16 +12,26 @@ from typing import Any
 
 HELP = "evaluate a model (greedy) on QA data: per-source EM/F1/sub-EM and valid searches"
 ALIASES = {"--model": "model", "--data": "data", "--retriever": "retriever", "--out": "out"}
+OUTPUT_FILES = ("out",)
+"""files this command writes: never one of its inputs"""
 
 
 CONFIG = "llds.evaluation.evaluate:EvalConfig"
 
 
 def run(cfg: Any, args: argparse.Namespace) -> int:
+    import dataclasses
+
     from llds.evaluation.evaluate import results_table, run_evaluation
     from llds.models.hf import check_model_source
+    from llds.policy.lora import adapter_dir_of, base_model_path
 
-    check_model_source("model", cfg.model)
+    adapter = adapter_dir_of(cfg.model)  # a LoRA checkpoint (or its adapter/): on its base
+    if adapter is None:
+        check_model_source("model", cfg.model)
+    else:
+        base_model_path(adapter)  # the base is there, before any work
+        cfg = dataclasses.replace(cfg, model=str(adapter))  # the protocol is saved beside it
     protocol, source = cfg.protocol.resolve(cfg.model)
     results = run_evaluation(cfg, protocol)
     # after the work, so that an input refused on the way is the only line printed

@@ -17,6 +17,10 @@ ALIASES = {
 }
 OUTPUT_DIRS = ("out",)
 """directories this command writes: refused up front when they exist as files"""
+OUTPUT_OWNS = ("meta.json",)
+"""what an earlier output of this command holds: such a folder may be written again"""
+OUTPUT_FILES = ("write_corpus",)
+"""files this command writes: never one of its inputs"""
 
 
 CONFIG = "llds.retrieval.config:IndexConfig"

@@ -15,6 +15,8 @@ HELP = (
 ALIASES = {"--model": "model", "--data": "data", "--retriever": "retriever", "--out": "out"}
 OUTPUT_DIRS = ("out",)
 """directories this command writes: refused up front when they exist as files"""
+OUTPUT_OWNS = ("probe.json",)
+"""what an earlier output of this command holds: such a folder may be written again"""
 
 
 CONFIG = "llds.probe.one_step:ProbeConfig"

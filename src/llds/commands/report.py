@@ -14,6 +14,8 @@ HELP = "HTML report comparing runs: reward, likelihoods, displacement, phases an
 ALIASES = {"--out": "out", "--labels": "labels"}
 OUTPUT_DIRS = ("out",)
 """directories this command writes: refused up front when they exist as files"""
+OUTPUT_OWNS = ("report.html",)
+"""what an earlier output of this command holds: such a folder may be written again"""
 
 
 CONFIG = "llds.report.config:ReportConfig"

@@ -13,6 +13,8 @@ HELP = "supervised warm start: teach a model the search protocol on expert traje
 ALIASES = {"--model": "model", "--data": "data", "--retriever": "corpus", "--out": "out"}
 OUTPUT_DIRS = ("out",)
 """directories this command writes: refused up front when they exist as files"""
+OUTPUT_OWNS = ("sft_report.json", "config.json")
+"""what an earlier output of this command holds: such a folder may be written again"""
 
 
 CONFIG = "llds.sft.config:SFTConfig"

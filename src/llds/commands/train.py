@@ -15,6 +15,10 @@ ALIASES = {
     "--retriever": "retriever.source",
     "--out": "run_dir",
 }
+OUTPUT_DIRS = ("run_dir",)
+"""directories this command writes: refused up front when they exist as files"""
+OUTPUT_OWNS = ("metrics.jsonl", "checkpoints", "tensorboard")
+"""what an earlier run holds: such a folder may be written again (resumed)"""
 
 
 CONFIG = "llds.train.config:TrainConfig"

@@ -18,6 +18,8 @@ HELP = (
 ALIASES = {"--out": "out", "--retriever": "retriever", "--topk": "topk"}
 OUTPUT_DIRS = ("out",)
 """directories this command writes: refused up front when they exist as files"""
+OUTPUT_OWNS = ("counts.json",)
+"""what an earlier output of this command holds: such a folder may be written again"""
 
 CONFIG = "llds.data.trivia_wiki:TriviaWikiConfig"
 

@@ -15,6 +15,8 @@ HELP = "Generate a synthetic world: corpus.jsonl, train.jsonl, test.jsonl and wo
 ALIASES = {"--out": "out"}
 OUTPUT_DIRS = ("out",)
 """directories this command writes: refused up front when they exist as files"""
+OUTPUT_OWNS = ("world.json",)
+"""what an earlier output of this command holds: such a folder may be written again"""
 
 
 CONFIG = "llds.data.world:MakeWorldConfig"

@@ -67,7 +67,9 @@ def add_config_arguments(
     parser.add_argument(
         "--config",
         metavar="NAME|FILE",
-        help="a YAML config file, or a shipped preset by name (see docs/configuration.md)",
+        action=_OneConfig,
+        help="a YAML config file, or a shipped preset by name (see docs/configuration.md); "
+        "once (a file may build on another with `base:`)",
     )
     what = f"KEY=VALUE overrides of config keys{rest_help}"
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help=what)
@@ -85,10 +87,27 @@ def add_config_arguments(
     )
 
 
+class _OneConfig(argparse.Action):
+    """`--config` given twice is remembered, so that `command_config` refuses it by name
+    (argparse would silently keep the second)."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
+        given = getattr(namespace, "_configs", None) or []
+        namespace._configs = [*given, values]
+        setattr(namespace, self.dest, values)
+
+
 def command_config(args: argparse.Namespace) -> Any:
     """The config the command line describes: the `--config` file, then the overrides and
-    aliases (an alias and an override of the same key: an error naming both)."""
+    aliases (an alias and an override of the same key: an error naming both; `--config` given
+    twice: an error naming both files)."""
     spec: CommandConfig = args._config
+    configs = getattr(args, "_configs", None) or []
+    if len(configs) > 1:
+        raise ConfigError(
+            f"{COMMAND_LINE}: --config given {len(configs)} times ({', '.join(configs)}); give "
+            f"one, and let it build on another with `base: {configs[0]}`"
+        )
     given: dict[str, Override] = {}
     rest: list[str] = []
     for token in args.overrides:
@@ -110,6 +129,35 @@ def command_config(args: argparse.Namespace) -> Any:
             key = target.split("=", 1)[0]
             _set_once(given, key, _alias_value(value), flag)
     return spec.load(args.config, given)
+
+
+def existing_paths(cfg: Any, skip: Sequence[str] = (), prefix: str = "") -> list[tuple[str, str]]:
+    """`(dotted key, value)` of each text value of a config (lists included) that names a file
+    or folder on disk, but the keys in `skip` (the command's outputs): what the command may
+    read, so that no output is allowed to replace it."""
+    found: list[tuple[str, str]] = []
+    if not dataclasses.is_dataclass(cfg):
+        return found
+    for f in dataclasses.fields(cfg):
+        key = f"{prefix}{f.name}"
+        value = getattr(cfg, f.name)
+        if key in skip:
+            continue
+        if dataclasses.is_dataclass(value):
+            found += existing_paths(value, skip, f"{key}.")
+            continue
+        values = value if isinstance(value, list | tuple) else [value]
+        for i, item in enumerate(values):
+            if isinstance(item, str) and item and "://" not in item and _exists(item):
+                found.append((key if item is value else f"{key}[{i}]", item))
+    return found
+
+
+def _exists(text: str) -> bool:
+    try:
+        return Path(text).expanduser().exists()
+    except (OSError, ValueError):  # a text too long for a path, or with a NUL byte
+        return False
 
 
 def print_config(cfg: Any, absent: Sequence[tuple[str, str]] = ()) -> None:
