@@ -1,5 +1,5 @@
 """LoRA through peft: only adapters train, the reference is the model with adapters off, and a
-saved adapter (and the merged weights) reload to the same log-probs."""
+saved adapter (and the merged weights) give the same log-probs."""
 
 from __future__ import annotations
 
@@ -10,9 +10,15 @@ import torch
 
 from conftest import TRAIN_BASE, make_tiny_model, tiny_trainer
 from llds.errors import ConfigError
-from llds.models.hf import load_policy
 from llds.policy.forward import response_log_probs, split_lm_head
-from llds.policy.lora import ADAPTER_DIR, WithoutAdapters, attach_lora, is_lora, load_adapter
+from llds.policy.lora import (
+    ADAPTER_DIR,
+    WithoutAdapters,
+    attach_lora,
+    is_lora,
+    load_adapter,
+    merged,
+)
 from llds.rollout.batch import Episode, RolloutBatch
 from llds.train.config import LoRAConfig, load_config
 
@@ -92,14 +98,14 @@ def test_training_moves_adapters_only_and_the_reference_stays_the_base(
     assert not torch.allclose(_logp(tr.model, batch), _logp(reference, batch), atol=1e-6)
     assert tr.model.training  # the reference pass does not switch the policy's mode
 
-    # the checkpoint: adapter + merged weights, both reload to the trained log-probs
+    # the checkpoint: the adapter (no merged weights), reloading to the trained log-probs
     ckpt = tmp_path / "checkpoints" / "step_000002"
+    assert not (ckpt / "model").exists()
     trained = _logp(tr.model, batch)
     reloaded = load_adapter(make_tiny_model(world_tokenizer, seed=1), ckpt / ADAPTER_DIR)
     assert torch.allclose(_logp(reloaded, batch), trained, atol=1e-6)
-    merged, _ = load_policy(str(ckpt / "model"), dtype="float32", device="cpu")
-    assert not is_lora(merged)
-    assert torch.allclose(_logp(merged, batch), trained, atol=1e-5)
+    assert not is_lora(merged(tr.model)) and is_lora(tr.model)
+    assert torch.allclose(_logp(merged(tr.model), batch), trained, atol=1e-5)
 
 
 def test_resume_loads_the_adapters(tmp_path, small_world, world_tokenizer, world_retriever):

@@ -3,20 +3,41 @@
 With LoRA only the adapter weights are trained (and kept in the optimizer); the base weights
 stay frozen. The KL reference policy is the same model with its adapters switched off, so a
 run holds one copy of the base weights, not two.
+
+A LoRA run's state is the adapter (a few MB), never the merged weights: `save_adapter` writes
+the adapter and a record of its base (`llds_base.json`: the run's `model.path` and a
+fingerprint of the base weights and vocabulary), and every load of an adapter (resume,
+evaluation, export) checks the base it is put on against that record, so an adapter is never
+silently applied to other weights. Merged weights are made only when asked (`merged`).
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from llds.errors import ConfigError
+from llds.errors import ConfigError, UserInputError
 from llds.policy.config import LoRAConfig
 
 ADAPTER_DIR = "adapter"
+"""a LoRA checkpoint's adapter directory (peft's format plus `BASE_FILE`)"""
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+BASE_FILE = "llds_base.json"
+"""the record of the base model an adapter was trained on"""
+FINGERPRINT_SAMPLES = 4096
+"""values read from each base tensor for its fingerprint (evenly spaced): reading every value
+of a 135M-parameter model would cost seconds per checkpoint; another model, or another
+fine-tune of the same one, differs in almost every value"""
+
+log = logging.getLogger("llds.policy")
 
 
 def _peft() -> Any:
@@ -55,18 +76,173 @@ def is_lora(model) -> bool:
     return hasattr(model, "disable_adapter") and hasattr(model, "peft_config")
 
 
-def load_adapter(base, adapter_dir: str | Path) -> Any:
-    """`base` with the trained adapters saved in `adapter_dir`, trainable (for resuming)."""
+def adapter_dir_of(path: str | Path) -> Path | None:
+    """The adapter directory `path` names: itself (`.../adapter`), or a LoRA checkpoint's
+    `adapter/`; None when `path` is neither (a plain model directory, a hub id)."""
+    path = Path(path).expanduser()
+    for candidate in (path, path / ADAPTER_DIR):
+        if (candidate / ADAPTER_CONFIG).is_file():
+            return candidate
+    return None
+
+
+# ------------------------------------------------------------------ the base's fingerprint
+
+
+def base_parameters(model) -> Iterator[tuple[str, torch.Tensor]]:
+    """The frozen base weights of `model` (a peft model or a plain one) under the plain
+    model's names: peft's `base_model.model.` prefix and `.base_layer` dropped, adapters
+    skipped, so a base and the same base wrapped with adapters name the same tensors."""
+    prefix = "base_model.model."
+    for name, param in model.named_parameters():
+        if "lora_" in name:
+            continue
+        plain = name.removeprefix(prefix) if is_lora(model) else name
+        yield plain.replace(".base_layer.", "."), param
+
+
+def base_fingerprint(model, tokenizer=None) -> dict[str, Any]:
+    """`{parameters, weights_sha256[, tokenizer_sha256]}` of `model`'s base: its parameter count
+    and a SHA-256 over each base tensor's name, shape and `FINGERPRINT_SAMPLES` evenly spaced
+    values (as float32), and of the tokenizer's vocabulary when given."""
+    digest, count = hashlib.sha256(), 0
+    with torch.no_grad():
+        for name, param in sorted(base_parameters(model), key=lambda item: item[0]):
+            flat = param.detach().reshape(-1)
+            stride = max(1, flat.numel() // FINGERPRINT_SAMPLES)
+            sample = flat[::stride][:FINGERPRINT_SAMPLES].to("cpu", torch.float32).contiguous()
+            digest.update(f"{name}:{tuple(param.shape)}:".encode())
+            digest.update(sample.numpy().tobytes())
+            count += param.numel()
+    record: dict[str, Any] = {"parameters": count, "weights_sha256": digest.hexdigest()}
+    if tokenizer is not None:
+        vocab = json.dumps(sorted(tokenizer.get_vocab().items()), ensure_ascii=True)
+        record["tokenizer_sha256"] = hashlib.sha256(vocab.encode()).hexdigest()
+    return record
+
+
+def read_base_record(adapter_dir: str | Path) -> dict[str, Any] | None:
+    """An adapter's `llds_base.json`; None for an adapter saved without one (older llds, or
+    by peft alone)."""
+    path = Path(adapter_dir) / BASE_FILE
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UserInputError(f"{path}: not a readable base record ({exc})") from None
+    if not isinstance(record, dict) or not isinstance(record.get("path"), str):
+        raise UserInputError(f"{path}: expected a JSON object with the base model's path")
+    return record
+
+
+def check_base(adapter_dir: str | Path, model, tokenizer=None) -> None:
+    """Refuse (one line) to put the adapter of `adapter_dir` on a base other than the one it
+    was trained on, by the recorded fingerprint (the vocabulary too when `tokenizer` is given);
+    an adapter without a record is let through."""
+    record = read_base_record(adapter_dir)
+    if record is None:
+        return
+    now = base_fingerprint(model, tokenizer if "tokenizer_sha256" in record else None)
+    for key in ("parameters", "weights_sha256", "tokenizer_sha256"):
+        if key in record and key in now and record[key] != now[key]:
+            raise UserInputError(
+                f"{adapter_dir}: this adapter was trained on the base model {record['path']!r} "
+                f"({_describe(record)}), but the base loaded now differs ({_describe(now)}): "
+                "load the same base (model.path), or export the merged weights where it exists"
+            )
+
+
+def _describe(record: dict[str, Any]) -> str:
+    weights = str(record.get("weights_sha256"))[:12]
+    text = f"{record.get('parameters')} parameters, weights {weights}"
+    if "tokenizer_sha256" in record:
+        text += f", vocabulary {str(record['tokenizer_sha256'])[:12]}"
+    return text
+
+
+# ------------------------------------------------------------------ save and load
+
+
+def save_adapter(model, out: Path, *, base_path: str, tokenizer=None) -> None:
+    """The adapter alone, in peft's format (float32, as trained), into `out`, with the record of
+    its base (`base_path`: the run's `model.path`). No merged weights: `merged` makes them when
+    asked."""
+    model.save_pretrained(out, safe_serialization=True)
+    record = {"path": base_path, **base_fingerprint(model, tokenizer)}
+    (out / BASE_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+
+
+def load_adapter(base, adapter_dir: str | Path, tokenizer=None) -> Any:
+    """`base` with the trained adapters saved in `adapter_dir`, trainable (for resuming), after
+    checking that `base` is the base they were trained on."""
+    check_base(adapter_dir, base, tokenizer)
     peft = _peft()
     return peft.PeftModel.from_pretrained(base, str(adapter_dir), is_trainable=True)
 
 
-def save_lora(model, out: Path) -> None:
-    """The adapter alone (`out/adapter`) and the merged weights as a plain HF model
-    (`out/model`: what evaluation and other tools load without peft)."""
-    model.save_pretrained(out / ADAPTER_DIR, safe_serialization=True)
-    merged = copy.deepcopy(model).merge_and_unload()
-    merged.save_pretrained(out / "model", safe_serialization=True)
+def load_adapter_weights(model, adapter_dir: str | Path) -> None:
+    """Put the adapter weights saved in `adapter_dir` into the live peft `model` in place (a
+    rollback: the optimizer keeps pointing at the same tensors)."""
+    from safetensors.torch import load_file
+
+    peft = _peft()
+    state = load_file(str(Path(adapter_dir) / ADAPTER_WEIGHTS))
+    result = peft.set_peft_model_state_dict(model, state)
+    unexpected = list(getattr(result, "unexpected_keys", []) or [])
+    if unexpected:
+        raise UserInputError(
+            f"{adapter_dir}: adapter weights {unexpected[:3]} do not fit this model's adapters"
+        )
+
+
+def merged(model) -> Any:
+    """A plain model with `model`'s adapters folded into its weights (`W + (alpha / r) B A`);
+    `model` itself keeps its adapters."""
+    return copy.deepcopy(model).merge_and_unload()
+
+
+def load_adapted(adapter_dir: str | Path, *, dtype: str = "float32", device: str = "auto"):
+    """`(model, tokenizer)` for inference from an adapter directory: its recorded base loaded in
+    float32, checked against the record, the adapter put on and merged in, then stored in
+    `dtype` (`auto`: float32, the dtype the adapter was trained in)."""
+    from llds.policy.config import ModelConfig
+    from llds.policy.setup import load_model
+
+    adapter_dir = Path(adapter_dir)
+    base = base_model_path(adapter_dir)
+    model, tokenizer = load_model(ModelConfig(path=base, device=device), dtype="float32")
+    check_base(adapter_dir, model, tokenizer)
+    peft = _peft()
+    model = peft.PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
+    if dtype in ("bfloat16", "float16"):
+        model.to(getattr(torch, dtype))
+    model.eval()
+    log.info("loaded %s on its base %s (merged)", adapter_dir, base)
+    return model, tokenizer
+
+
+def base_model_path(adapter_dir: Path) -> str:
+    """The base an adapter directory names (its record's path, else peft's
+    `base_model_name_or_path`), refused in one line when it is a local path that is not here."""
+    from llds.models.hf import check_model_source
+
+    record = read_base_record(adapter_dir)
+    if record is not None:
+        base = record["path"]
+    else:
+        config = json.loads((adapter_dir / ADAPTER_CONFIG).read_text(encoding="utf-8"))
+        base = config.get("base_model_name_or_path") or ""
+    if not base:
+        raise UserInputError(f"{adapter_dir}: names no base model ({BASE_FILE} is missing)")
+    try:
+        check_model_source("model.path", base)
+    except UserInputError as exc:
+        raise UserInputError(
+            f"{adapter_dir}: its base model cannot be loaded ({exc}); an adapter needs the base "
+            "it was trained on: make it, or run from the directory the run was trained in"
+        ) from None
+    return base
 
 
 class WithoutAdapters:

@@ -50,10 +50,17 @@ def load_model(
     `dtype` overrides `cfg.dtype` as the storage dtype: training loads float32 master weights
     whatever the compute dtype (see `llds.policy.precision`); evaluation may load bf16 directly.
     `device_key` is what an unusable device is called in the error (the caller's key or flag).
+    A LoRA adapter (a checkpoint's `adapter/`, or the checkpoint) loads on its recorded base,
+    merged (`llds.policy.lora.load_adapted`).
     """
     from llds.models.hf import enable_activation_checkpointing, load_policy
+    from llds.policy.lora import adapter_dir_of, load_adapted
 
     source = path or cfg.path
+    adapter = adapter_dir_of(source) if source != "smollm2" else None
+    if adapter is not None:
+        resolve_device(cfg.device, device_key)
+        return load_adapted(adapter, dtype=dtype or cfg.dtype, device=cfg.device)
     device = str(resolve_device(cfg.device, device_key))
     storage = dtype or cfg.dtype
     if source == "smollm2":

@@ -32,7 +32,7 @@ import torch
 from llds.env.protocol import Protocol
 from llds.errors import WriteFailedError
 from llds.io import atomic_write, write_failure, write_json
-from llds.policy.lora import is_lora, save_lora
+from llds.policy.lora import ADAPTER_DIR, is_lora, save_adapter
 
 LATEST = "latest"
 MANIFEST = "manifest.json"
@@ -44,6 +44,9 @@ FORMAT_KEY = "checkpoint_format"
 STAGING_PREFIX = ".tmp_step_"
 TRAINER_STATE = "trainer_state.json"
 OPTIM = "optim.pt"
+MODEL_DIR = "model"
+"""a full fine-tuning checkpoint's weights, an HF model directory (a LoRA checkpoint has
+`adapter/` instead, see `llds.policy.lora`)"""
 _STEP_DIR = re.compile(r"step_(\d+)")
 
 
@@ -139,23 +142,26 @@ def write_checkpoint_files(
     state_dict: dict[str, torch.Tensor] | None = None,
     protocol: Protocol | None = None,
 ) -> None:
-    """The HF model directory (float32 master weights; `state_dict` when the live model is
-    sharded), the optimizer/scheduler/RNG blobs and the trainer state, into `tmp`.
-    `optimizer=None` when it is saved elsewhere (a sharded run's `sharded/` directory)."""
+    """The weights, the optimizer/scheduler/RNG blobs and the trainer state, into `tmp`.
+    The weights: a LoRA policy's adapter with the record of its base (`adapter/`, a few MB, no
+    merged weights, no tokenizer: both come from the base), else an HF model directory
+    (`model/`: float32 master weights, `state_dict` when the live model is sharded, and the
+    tokenizer). `optimizer=None` when it is saved elsewhere (a sharded run's `sharded/`)."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # one progress line per checkpoint is noise in the run log
     with failing_write_stops(tmp) as writing:
-        writing.path = tmp / "model"
-        if is_lora(model):  # the adapter, and the merged weights as a plain model
-            save_lora(model, tmp)
+        if is_lora(model):
+            weights = writing.path = tmp / ADAPTER_DIR
+            save_adapter(model, weights, base_path=_base_path(trainer_state), tokenizer=tokenizer)
         else:
-            writing.path = tmp / "model" / "model.safetensors"
-            model.save_pretrained(tmp / "model", safe_serialization=True, state_dict=state_dict)
-        writing.path = tmp / "model"
-        tokenizer.save_pretrained(tmp / "model")
+            weights = tmp / MODEL_DIR
+            writing.path = weights / "model.safetensors"
+            model.save_pretrained(weights, safe_serialization=True, state_dict=state_dict)
+            writing.path = weights
+            tokenizer.save_pretrained(weights)
         if protocol is not None:
-            protocol.write(tmp / "model")
+            protocol.write(weights)
         blobs: dict[str, Any] = {"scheduler": scheduler.state_dict(), "rng": rng_state()}
         if optimizer is not None:
             blobs["optimizer"] = optimizer.state_dict()
@@ -166,6 +172,12 @@ def write_checkpoint_files(
         writing.path = tmp / TRAINER_STATE
         state = {**trainer_state, FORMAT_KEY: CHECKPOINT_FORMAT}
         (tmp / TRAINER_STATE).write_text(json.dumps(state, indent=2), encoding="utf-8")
+
+
+def _base_path(trainer_state: dict[str, Any]) -> str:
+    """The run config's `model.path`: the base a LoRA checkpoint's adapter goes on."""
+    model = (trainer_state.get("config") or {}).get("model") or {}
+    return str(model.get("path") or "")
 
 
 def publish_checkpoint(ckpt_root: Path, step: int, tmp: Path, keep: int = 2) -> Path:

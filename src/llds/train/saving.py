@@ -1,7 +1,10 @@
-"""Saving a run's checkpoint from every process: unsharded, rank 0 writes it; under FSDP every
-rank writes its shard of the weights and the optimizer state into `sharded/`, and rank 0 adds
-the full float32 weights as an HF model directory (`model/`, what `llds eval` loads) and the
-rest. Atomic either way (`llds.train.checkpoint`), and every rank waits until it is complete."""
+"""Saving a run's checkpoint from every process, and restoring one into a live run.
+
+Unsharded, rank 0 writes it; under FSDP every rank writes its shard of the weights and the
+optimizer state into `sharded/`, and rank 0 adds the full float32 weights as an HF model
+directory (`model/`, what `llds eval` loads) and the rest. Atomic either way
+(`llds.train.checkpoint`), and every rank waits until it is complete. A LoRA run's checkpoint
+holds its adapter instead of weights (`adapter/`, see `llds.policy.lora`)."""
 
 from __future__ import annotations
 
@@ -10,8 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from llds.env.protocol import Protocol
+from llds.policy.config import ModelConfig
+from llds.policy.lora import ADAPTER_DIR, is_lora, load_adapter_weights
 from llds.train import fsdp
 from llds.train.checkpoint import (
+    MODEL_DIR,
     STAGING_PREFIX,
     publish_checkpoint,
     save_checkpoint,
@@ -98,3 +104,26 @@ def load_run_state(ckpt: Path, blobs: dict[str, Any], run: RunState, *, sharded:
     run.scheduler.load_state_dict(blobs["scheduler"])
     if run.scaler is not None and "grad_scaler" in blobs:
         run.scaler.load_state_dict(blobs["grad_scaler"])
+
+
+def restore_checkpoint(
+    ckpt: Path, blobs: dict[str, Any], run: RunState, model_cfg: ModelConfig, *, sharded: bool
+) -> None:
+    """Checkpoint `ckpt` into the live `run` in place (a rollback): its weights (a LoRA
+    policy's adapter, else the full weights; under FSDP the shards hold them), then what
+    `load_run_state` restores."""
+    if not sharded:
+        restore_weights(ckpt, run.model, model_cfg)
+    load_run_state(ckpt, blobs, run, sharded=sharded)
+
+
+def restore_weights(ckpt: Path, model: Any, model_cfg: ModelConfig) -> None:
+    """The weights of unsharded checkpoint `ckpt` into the live `model`, whose tensors (those
+    the optimizer steps) stay the same objects."""
+    if is_lora(model):
+        load_adapter_weights(model, ckpt / ADAPTER_DIR)
+        return
+    from llds.policy.setup import load_model
+
+    saved, _ = load_model(model_cfg, path=str(ckpt / MODEL_DIR), dtype="float32")
+    model.load_state_dict(saved.state_dict())

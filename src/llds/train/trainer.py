@@ -28,7 +28,6 @@ from llds.evaluation.periodic import is_due
 from llds.monitor.alarms import Alarm
 from llds.monitor.rollout_metrics import rollout_metrics
 from llds.policy.float_env import float_environment
-from llds.policy.setup import load_model
 from llds.retrieval.client import RetrievalServiceError
 from llds.rollout import RolloutBatch, RolloutRequest
 from llds.runs.tracking import MetricsLogger, read_metrics
@@ -50,7 +49,12 @@ from llds.train.rollback import (
     rollback_algo,
     rollback_target,
 )
-from llds.train.saving import RunState, load_run_state, save_run_checkpoint
+from llds.train.saving import (
+    RunState,
+    load_run_state,
+    restore_checkpoint,
+    save_run_checkpoint,
+)
 from llds.train.step_logprobs import old_logprobs, reference_logprobs
 
 __all__ = ["CollapseAlarmStop", "GRPOTrainer", "rollout_seed"]
@@ -344,11 +348,7 @@ class GRPOTrainer:
             self.logger.close()
             keep_abandoned_log(self.run_dir, self.rollbacks)
         state, blobs = load_training_state(target)
-        if not self.sharded:  # under FSDP the shards hold the weights
-            model, _ = load_model(self.cfg.model, path=str(target / "model"), dtype="float32")
-            self.model.load_state_dict(model.state_dict())
-            del model
-        load_run_state(target, blobs, self._run_state(), sharded=self.sharded)
+        restore_checkpoint(target, blobs, self._run_state(), self.cfg.model, sharded=self.sharded)
         self._sync_copies()
         self.step = int(state["step"])
         self.algo = rollback_algo(self.cfg)
