@@ -2,4 +2,23 @@
 statistics, phases and alarms.
 
 Nothing here imports the trainer, so the TRL and veRL adapters can use it as the native trainer
-does."""
+does. A new alarm is a detector registered with `register_detector` (docs/diagnostics.md,
+"Adding a detector")."""
+
+from llds.monitor.registry import (
+    MECHANISMS,
+    DetectorSettings,
+    Firing,
+    StepView,
+    register_detector,
+    registered_detectors,
+)
+
+__all__ = [
+    "MECHANISMS",
+    "DetectorSettings",
+    "Firing",
+    "StepView",
+    "register_detector",
+    "registered_detectors",
+]

@@ -22,7 +22,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from pydantic import Field
+
 from llds import metrics as keys
+from llds.config.schema import Invalid, section
 from llds.monitor.robust import (
     Spike,
     Trend,
@@ -48,10 +51,11 @@ DISP_POS_KEY = keys.DISP_POS
 POS_FELL_KEY = keys.FRAC_POS_FELL
 
 
-@dataclass(frozen=True)
+@section(key="monitor.phase")
 class PhaseConfig:
-    """Thresholds of the phase detector. Defaults suit per-token log-likelihoods (nats/token)
-    and rewards in [0, 1], logged once per training step.
+    """The phase detector, shared by the alarms that read phases (decay, collapse, spikes,
+    stagnation). Defaults suit per-token log-likelihoods (nats/token) and rewards in [0, 1],
+    logged once per training step.
 
     Trends are Theil-Sen slopes over the last `window` steps that must be both large
     (> min_slope per step) and significant (> z standard errors, noise from the MAD of residuals).
@@ -59,94 +63,95 @@ class PhaseConfig:
     values that also exceed `spike_min_ratio` times the baseline.
     """
 
-    window: int = 20
-    """steps in the trend window; also the number of warmup steps"""
-    min_points: int = 8
-    """finite values needed inside the window before a trend is judged"""
-    decay_steps: int = 5
-    """K: consecutive steps of falling correct-response likelihood that make a steady decay"""
-    logp_min_slope: float = 0.002
-    """smallest likelihood slope (nats/token per step) that counts as a trend"""
-    logp_noise_floor: float = 0.005
-    """floor of the likelihood noise estimate (nats/token)"""
-    slope_z: float = 3.0
+    window: int = Field(default=20, ge=4)
+    """steps in the trend window; also the number of warmup steps: fewer points make a
+    Theil-Sen slope of a noisy series meaningless"""
+    min_points: int = Field(default=8, ge=3)
+    """finite values needed inside the window before a trend is judged (at most `window`), so
+    that a log with gaps is not judged on three points"""
+    decay_steps: int = Field(default=5, ge=1)
+    """K: consecutive steps of falling correct-response likelihood that make a steady decay; one
+    falling step is noise, K in a row is a trend that persists"""
+    logp_min_slope: float = Field(default=0.002, ge=0)
+    """smallest likelihood slope (nats/token per step) that counts as a trend: a significant but
+    tiny slope is not worth a warning"""
+    logp_noise_floor: float = Field(default=0.005, ge=0)
+    """floor of the likelihood noise estimate (nats/token), so that a smooth series does not
+    turn every wiggle into a significant trend"""
+    slope_z: float = Field(default=3.0, gt=0)
     """significance of a likelihood trend, in standard errors"""
-    reward_min_slope: float = 0.001
+    reward_min_slope: float = Field(default=0.001, ge=0)
     """smallest reward slope (per step) that counts as rising or falling"""
-    reward_noise_floor: float = 0.01
-    reward_z: float = 1.0
+    reward_noise_floor: float = Field(default=0.01, ge=0)
+    """floor of the reward noise estimate: with a few prompts per step a run of equal rewards
+    would otherwise make the noise zero"""
+    reward_z: float = Field(default=1.0, gt=0)
     """reward is noisy and only needs to be *plausibly* rising: a looser test than likelihood"""
-    stagnation_window: int = 32
+    stagnation_window: int = Field(default=32, ge=3)
     """longer window for the stagnation test, so flat-vs-rising does not flicker with noise"""
-    flat_slope: float = 0.0015
+    flat_slope: float = Field(default=0.0015, ge=0)
     """stagnation: |likelihood slope| over `stagnation_window` at most this (nats/token/step)"""
-    baseline_window: int = 20
-    """steps before the current one that form a spike baseline"""
-    min_baseline: int = 8
-    """finite baseline values needed before spikes are scored"""
-    spike_z: float = 6.0
+    baseline_window: int = Field(default=20, ge=3)
+    """steps before the current one that form a spike baseline: the recent past, so a level
+    that drifted slowly is not a spike"""
+    min_baseline: int = Field(default=8, ge=3)
+    """finite baseline values needed before spikes are scored (at most `baseline_window`)"""
+    spike_z: float = Field(default=6.0, gt=0)
     """robust z-score above the baseline that counts as a spike; also how far below its recent
     trend line the likelihood must fall, two steps running, to count as a sharp drop"""
-    spike_min_ratio: float = 1.5
-    """a spike must also be at least this many times its baseline (entropy, grad norm, ratio)"""
-    spike_min_scale: float = 0.05
+    spike_min_ratio: float = Field(default=1.5, ge=1)
+    """a spike must also be at least this many times its baseline (entropy, grad norm, ratio):
+    a calm series has a tiny spread, and a z-score alone would call a 10% rise a spike"""
+    spike_min_scale: float = Field(default=0.05, ge=0)
     """floor of the baseline spread in log units (~5%): smooth series do not spike on wiggles"""
-    logp_drop_min_scale: float = 0.02
+    logp_drop_min_scale: float = Field(default=0.02, ge=0)
     """floor of the spread around the likelihood trend line (nats/token) for sharp drops"""
-    smooth: int = 5
+    smooth: int = Field(default=5, ge=1)
     """rolling-median width of the current reward level"""
-    peak_smooth: int = 20
+    peak_smooth: int = Field(default=20, ge=1)
     """rolling-median width of the reward whose running maximum is the peak (over what exists
     once `smooth` steps do): wider than `smooth`, so that a short run of easy batches does not
     set a peak the run never really had"""
-    reward_drop_frac: float = 0.5
+    reward_drop_frac: float = Field(default=0.5, gt=0, lt=1)
     """reward collapsed: smoothed reward at most (1 - this) times its running peak"""
-    reward_min_peak: float = 0.1
+    reward_min_peak: float = Field(default=0.1, ge=0)
     """a run whose reward never exceeded this cannot 'collapse' in reward"""
-    reward_drop_z: float = 3.0
+    reward_drop_z: float = Field(default=3.0, ge=0)
     """... and the fall from the peak must exceed this many per-step reward noise sigmas"""
-    reward_drop_steps: int = 12
+    reward_drop_steps: int = Field(default=12, ge=1)
     """... and hold that many consecutive steps: with a few prompts per step, runs of easy or
     hard batches move the smoothed reward far from its (upward-biased) running peak in healthy
     runs, and a dip of d steps keeps the `smooth`-step median down for up to d + smooth - 1
     steps; a collapsed reward stays down"""
-    fell_frac: float = 0.6
+    fell_frac: float = Field(default=0.6, ge=0, le=1)
     """if the median share of correct responses whose likelihood fell (lld/frac_correct_fell)
     over the window reaches this, any clearly negative slope counts as falling"""
-    recovery_steps: int = 10
-    """calm steps needed to leave the collapse phase once entered"""
-    disp_window: int = 20
-    """steps in the rolling medians of the displacement (`lld/disp_pos`, `lld/frac_pos_fell`)"""
-    disp_fall: float = 0.0
+    recovery_steps: int = Field(default=10, ge=1)
+    """calm steps needed to leave the collapse phase once entered, so that one quiet step inside
+    a collapse does not end it"""
+    disp_window: int = Field(default=20, ge=3)
+    """steps in the rolling medians of the displacement (`lld/disp_pos`, `lld/frac_pos_fell`;
+    at least `min_points`): one step's displacement is measured on a few groups and is noisy"""
+    disp_fall: float = Field(default=0.0, ge=0)
     """falling: the rolling median of `lld/disp_pos` (nats per response per step) below minus
     this ..."""
-    pos_fell_frac: float = 0.5
+    pos_fell_frac: float = Field(default=0.5, ge=0, le=1)
     """... and the rolling median of `lld/frac_pos_fell` at least this"""
-    disp_flat: float = 0.05
+    disp_flat: float = Field(default=0.05, ge=0)
     """stagnation: |rolling median of `lld/disp_pos`| at most this while reward rises"""
 
     def __post_init__(self) -> None:
-        from llds.errors import ConfigError
-
-        checks = {
-            "window": self.window >= 4,
-            "stagnation_window": self.stagnation_window >= self.min_points,
-            "min_points": 3 <= self.min_points <= self.window,
-            "decay_steps": self.decay_steps >= 1,
-            "baseline_window": self.baseline_window >= self.min_baseline >= 3,
-            "smooth": 1 <= self.smooth <= self.peak_smooth,
-            "reward_drop_frac": 0 < self.reward_drop_frac < 1,
-            "reward_drop_steps": self.reward_drop_steps >= 1,
-            "spike_z": self.spike_z > 0,
-            "recovery_steps": self.recovery_steps >= 1,
-            "disp_window": self.disp_window >= self.min_points,
-            "disp_fall": self.disp_fall >= 0,
-            "pos_fell_frac": 0 <= self.pos_fell_frac <= 1,
-            "disp_flat": self.disp_flat >= 0,
-        }
-        for name, ok in checks.items():
+        """The checks that involve two fields (single-field ranges are on the fields)."""
+        pairs = (
+            ("min_points", self.min_points <= self.window, "at most window"),
+            ("stagnation_window", self.stagnation_window >= self.min_points, "at least min_points"),
+            ("min_baseline", self.min_baseline <= self.baseline_window, "at most baseline_window"),
+            ("smooth", self.smooth <= self.peak_smooth, "at most peak_smooth"),
+            ("disp_window", self.disp_window >= self.min_points, "at least min_points"),
+        )
+        for name, ok, why in pairs:
             if not ok:
-                raise ConfigError(f"PhaseConfig.{name}={getattr(self, name)!r} is out of range")
+                raise Invalid(name, f"{getattr(self, name)!r} must be {why}")
 
 
 @dataclass(frozen=True)

@@ -4,16 +4,22 @@ A search agent can lose its reward without any of the likelihood, entropy, misma
 step-size signatures: it asks fewer questions of the retriever and answers multi-hop questions
 before it has read what they need. The signal is the number of valid searches per rollout
 (`rollout/valid_searches`), compared as a 20-step median with its median over the run's first
-20 steps. The same rule serves the live alarm (`SearchDeclineTracker`, inside
-`llds.monitor.alarms`) and the offline attribution (`llds.report.attribution`).
+20 steps. The same rule serves the live alarm (`search_decline`, registered here) and the
+offline attribution (`llds.report.attribution`).
 """
 
 from __future__ import annotations
 
 import statistics
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from pydantic import Field
+
+from llds.config.schema import section
+from llds.monitor.baseline import EarlyWindow
+from llds.monitor.registry import DetectorSettings, Firing, StepView, register_detector
+from llds.monitor.robust import as_float
 
 SEARCHES_KEY = "rollout/valid_searches"
 EARLY = 20
@@ -32,12 +38,17 @@ SEARCH_FLOOR = 0.5
 hardly searched cannot search less."""
 
 
-def declined(early: Sequence[float], window: Sequence[float]) -> tuple[bool, float, float] | None:
+def declined(
+    early: Sequence[float],
+    window: Sequence[float],
+    decline: float = SEARCH_DECLINE,
+    floor: float = SEARCH_FLOOR,
+) -> tuple[bool, float, float] | None:
     """`(present, early median, window median)`, or None when either has too few values."""
     if len(early) < MIN_POINTS or len(window) < MIN_POINTS:
         return None
     base, now = statistics.median(early), statistics.median(window)
-    return base >= SEARCH_FLOOR and now <= SEARCH_DECLINE * base, base, now
+    return base >= floor and now <= decline * base, base, now
 
 
 @dataclass(frozen=True)
@@ -49,26 +60,61 @@ class SearchDecline:
     window_start: int
 
 
-class SearchDeclineTracker:
-    """Online form of the rule: `update(step, value)` once per step; a `SearchDecline` while it
-    holds, None otherwise. The window is judged only once it lies after the baseline."""
+@section(key="monitor.alarms.search_decline")
+class SearchDeclineSettings(DetectorSettings):
+    """The agent making fewer valid searches per rollout than over its first steps: the
+    tool-use path to a collapse, invisible to the likelihood signals."""
 
-    def __init__(self) -> None:
-        self._early: list[float] = []
-        self._recent: deque[tuple[int, float]] = deque(maxlen=WINDOW)
-        self._seen = 0
+    early: int = Field(default=EARLY, ge=MIN_POINTS)
+    """the run's first steps with the metric: its own baseline, since how much an agent
+    searches depends on the world and the warm start"""
+    window: int = Field(default=WINDOW, ge=MIN_POINTS)
+    """recent steps whose median is compared with the baseline: long enough that a few
+    steps of easy questions (answered without searching) do not fire it"""
+    decline: float = Field(default=SEARCH_DECLINE, gt=0, lt=1)
+    """fires when the window median is at most this share of the early median"""
+    floor: float = Field(default=SEARCH_FLOOR, ge=0)
+    """an early median below this many searches per rollout is no baseline: a policy that
+    hardly searched cannot search less"""
 
-    def update(self, step: int, value: float | None) -> SearchDecline | None:
-        if value is None:
+
+@register_detector(
+    "search_decline",
+    severity="warning",
+    mechanism="tool",
+    settings=SearchDeclineSettings,
+    describe=lambda s, p: (
+        f"the {s.window}-step median of valid searches per rollout (`{SEARCHES_KEY}`) at "
+        f"most {s.decline:g}x its median over the run's first {s.early} steps (which is at "
+        f"least {s.floor:g}): the agent searches less than it did."
+    ),
+)
+class SearchDeclineDetector:
+    """Online form of the rule: the window is judged only once it lies after the baseline."""
+
+    def __init__(self, settings: SearchDeclineSettings | None = None) -> None:
+        self.settings = settings or SearchDeclineSettings()
+        self._baseline = EarlyWindow(self.settings.early, self.settings.window)
+
+    def check(self, step: int, value: float | None) -> SearchDecline | None:
+        """A `SearchDecline` while the rule holds at `step`, None otherwise."""
+        got = self._baseline.update(step, value)
+        s = self.settings
+        if got is None or got.early < s.floor or got.now > s.decline * got.early:
             return None
-        self._seen += 1
-        if len(self._early) < EARLY:
-            self._early.append(value)
+        return SearchDecline(got.early, got.now, got.window_start)
+
+    def update(self, view: StepView) -> Firing | None:
+        found = self.check(view.step, as_float(view.row.get(SEARCHES_KEY)))
+        if found is None:
             return None
-        self._recent.append((step, value))
-        if self._seen < EARLY + WINDOW:
-            return None
-        verdict = declined(self._early, [v for _, v in self._recent])
-        if verdict is None or not verdict[0]:
-            return None
-        return SearchDecline(verdict[1], verdict[2], self._recent[0][0])
+        return Firing(
+            f"the agent searches less: median {found.window_median:.2f} valid searches per "
+            f"rollout over steps {found.window_start}-{view.step}, against "
+            f"{found.early_median:.2f} over its first {self.settings.early} steps",
+            {
+                "valid_searches": found.window_median,
+                "valid_searches_early": found.early_median,
+                "since_step": found.window_start,
+            },
+        )

@@ -1,7 +1,7 @@
 """The words of `llds report`: what LLD is, how the detector reads it, and captions that describe
 only what a figure actually draws.
 
-The numbers quoted (window lengths, thresholds) come from the `AlarmConfig` the report was
+The numbers quoted (window lengths, thresholds) come from the `MonitorConfig` the report was
 computed with, so the explanation stays true when a user changes them.
 """
 
@@ -13,8 +13,7 @@ from itertools import pairwise
 from typing import Any
 
 from llds import metrics as keys
-from llds.monitor.alarms import AlarmConfig
-from llds.monitor.searches import SEARCH_DECLINE, SEARCH_FLOOR, SEARCHES_KEY
+from llds.monitor.settings import MonitorConfig, configured_detectors
 from llds.report.attribution import COLLAPSE, STABILIZERS, WINDOW, Event, Finding
 from llds.report.plots import (
     DISPLACEMENT,
@@ -79,7 +78,7 @@ def _lld_text() -> str:
     )
 
 
-def _phase_text(cfg: AlarmConfig) -> str:
+def _phase_text(cfg: MonitorConfig) -> str:
     """The detector's phases, with the thresholds it runs with."""
     p = cfg.phase
     below = "negative" if p.disp_fall == 0 else f"below {-p.disp_fall:g}"
@@ -109,37 +108,39 @@ def _phase_text(cfg: AlarmConfig) -> str:
     )
 
 
-def _alarm_text(cfg: AlarmConfig) -> str:
-    """What each alarm kind means and which ones can stop or roll back a run."""
-    p = cfg.phase
+def markup(text: str) -> str:
+    """A detector's plain description as HTML: escaped, `name` in backticks as code."""
+    parts = html.escape(text).split("`")
+    return "".join(_code(html.unescape(p)) if i % 2 else p for i, p in enumerate(parts))
+
+
+def _alarm_text(cfg: MonitorConfig) -> str:
+    """Every alarm detector the monitor ran (the registry's list), with its severity, the
+    mechanism it points at, what it watches with the thresholds in force, and which ones can
+    stop or roll back a run."""
+    items, actionable = [], []
+    for spec, settings in configured_detectors(cfg):
+        off = "" if settings.enabled else ", off"
+        mechanism = "" if spec.mechanism == "unspecific" else f", {spec.mechanism}"
+        items.append(
+            f"<dt>{spec.name} <small>({spec.severity}{mechanism}{off})</small></dt>"
+            f"<dd>{markup(spec.describe(settings, cfg.phase))}</dd>"
+        )
+        if spec.actionable:
+            actionable.append(_code(spec.name))
     return (
         "<p><b>Alarms</b> fire once when a condition starts and again only after it has been "
-        f"quiet for {cfg.rearm_steps} steps.</p><dl>"
-        "<dt>displacement_decay <small>(critical)</small></dt><dd>steady decay measured "
-        f"from {_code(keys.DISP_POS)}.</dd>"
-        "<dt>likelihood_decay <small>(warning)</small></dt><dd>steady decay read from the "
-        "rollout-time likelihood, for logs without the displacement.</dd>"
-        "<dt>collapse <small>(critical)</small></dt><dd>the run entered the collapse phase.</dd>"
-        "<dt>reward_collapse <small>(critical)</small></dt><dd>the smoothed reward stayed at "
-        f"most {1 - p.reward_drop_frac:g}&times; its peak for {p.reward_drop_steps} steps.</dd>"
-        "<dt>entropy_spike, grad_norm_spike, ratio_spike <small>(warning)</small></dt><dd>a "
-        f"value at least {p.spike_min_ratio:g}&times; its median over the previous "
-        f"{p.baseline_window} steps and {p.spike_z:g} robust standard deviations above it.</dd>"
-        "<dt>stagnation <small>(info)</small></dt><dd>"
-        f"{cfg.stagnation_steps} stagnation steps in a row.</dd>"
-        "<dt>nonfinite <small>(warning)</small></dt><dd>optimizer updates were skipped for a "
-        "non-finite loss or gradient.</dd>"
-        "<dt>search_decline <small>(warning)</small></dt><dd>the 20-step median of valid "
-        f"searches per rollout ({_code(SEARCHES_KEY)}) at most {SEARCH_DECLINE:g}&times; its "
-        f"median over the run's first 20 steps (which is at least {SEARCH_FLOOR:g}): the agent "
-        "searches less than it did.</dd></dl>"
-        "<p class='muted'>The first four can stop or roll back a run "
+        f"quiet for {cfg.rearm_steps} steps. Each names the mechanism it points at (LLD, "
+        "entropy, lr: learning rate, mismatch, tool: void turns and searches; none named: a "
+        f"symptom several share).</p><dl>{''.join(items)}</dl>"
+        f"<p class='muted'>{', '.join(actionable)} can stop or roll back a run "
         "(<code>diagnostics.on_alarm: stop</code> or <code>rollback</code>); the others only "
-        "warn, since they also occur in healthy runs.</p>"
+        "warn, since they also occur in healthy runs. Settings: "
+        "<code>monitor.alarms.&lt;name&gt;.*</code> (docs/diagnostics.md).</p>"
     )
 
 
-def how_to_read(cfg: AlarmConfig) -> str:
+def how_to_read(cfg: MonitorConfig) -> str:
     """The explanatory section, folded below the verdicts (one click opens it)."""
     return (
         "<details class='explain'><summary><b>How to read this report</b></summary>"
@@ -226,7 +227,7 @@ def _axis_text(runs: Sequence[RunSeries], panel: Panel, pos: str, fb: str) -> st
     )
 
 
-def displacement_caption(runs: Sequence[RunSeries], cfg: AlarmConfig) -> str:
+def displacement_caption(runs: Sequence[RunSeries], cfg: MonitorConfig) -> str:
     """The sentences on the two displacement panels, naming the metric each axis draws."""
     assert DISPLACEMENT.below is not None
     upper = _axis_text(runs, DISPLACEMENT, "responses with advantage &gt; 0", "correct responses")
@@ -255,7 +256,7 @@ def displacement_caption(runs: Sequence[RunSeries], cfg: AlarmConfig) -> str:
     return text
 
 
-def curves_caption(runs: Sequence[RunSeries], cfg: AlarmConfig | None = None) -> str:
+def curves_caption(runs: Sequence[RunSeries], cfg: MonitorConfig | None = None) -> str:
     """Caption of the training curves naming only the marks that are drawn."""
     parts = ["Faint: raw per-step values; bold: light moving average."]
     if shows_training_em(runs):
@@ -263,7 +264,7 @@ def curves_caption(runs: Sequence[RunSeries], cfg: AlarmConfig | None = None) ->
             "Reward panel: the dotted line with white gaps is the exact match of the training "
             "rollouts, drawn above the reward."
         )
-    parts.append(displacement_caption(runs, cfg or AlarmConfig()))
+    parts.append(displacement_caption(runs, cfg or MonitorConfig()))
     if any(series(run.rows, keys.PUNCT_RUN_FRAC)[0] for run in runs):
         parts.append(
             f"Under the response length: {_code(keys.PUNCT_RUN_FRAC)}, the share of rollouts whose "

@@ -18,6 +18,7 @@ from llds.algo.config import AlgoConfig, LLDSConfig
 from llds.config.loader import Overrides, build, gather
 from llds.config.schema import Invalid, check, section
 from llds.errors import ConfigError, UserInputError
+from llds.monitor.settings import MonitorConfig
 from llds.policy.config import LoRAConfig, ModelConfig
 from llds.rollout.config import RolloutConfig
 
@@ -242,6 +243,8 @@ class TrainConfig:
     """metrics sinks and terminal output"""
     diagnostics: DiagnosticsConfig = dataclasses.field(default_factory=DiagnosticsConfig)
     """in-loop measurements and alarms"""
+    monitor: MonitorConfig = dataclasses.field(default_factory=MonitorConfig)
+    """the collapse alarms' detectors and thresholds (docs/diagnostics.md)"""
     fsdp: FSDPConfig = dataclasses.field(default_factory=FSDPConfig)
     """sharding over processes"""
     make_inputs: str = ""

@@ -32,7 +32,7 @@ def new_monitor(cfg: TrainConfig, run_dir: Path, step: int) -> AlarmMonitor | No
     rollback does not reset it); None when alarms are off."""
     if not (cfg.diagnostics.enabled and cfg.diagnostics.alarms):
         return None
-    monitor = AlarmMonitor()
+    monitor = AlarmMonitor(cfg.monitor)
     for row in read_metrics(run_dir):
         if row.get("step", 0) <= step:
             monitor.update(row)
