@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import gzip
 import importlib
 import json
+import logging
 import math
 import os
+import time
+import zlib
 from pathlib import Path
 from typing import IO, Any
 
-from llds.errors import ConfigError, WriteFailedError
+from llds.errors import ConfigError, DataFormatError, WriteFailedError
 from llds.io import atomic_write, failing_writes_stop
+
+logger = logging.getLogger("llds.runs")
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -34,22 +41,117 @@ def _require(module: str, key: str, package: str, install: str) -> None:
         ) from None
 
 
-def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    """All complete rows of a run's metrics log (a torn last line from a crash is skipped)."""
-    path = Path(run_dir) / METRICS_FILE
+@dataclasses.dataclass(frozen=True)
+class MetricsLog:
+    """What a metrics log holds: its intact rows and the lines that are not rows."""
+
+    path: Path
+    rows: list[dict[str, Any]]
+    damaged: list[tuple[int, str]]
+    """`(line number, why)` of each line that is not a metrics row, but a torn last line"""
+    torn: bool = False
+    """the last line was cut short (a crash while it was written): expected, dropped quietly"""
+    cut_short: str | None = None
+    """why a compressed log ends before its end (a copy cut short), else None"""
+
+    @property
+    def whole(self) -> bool:
+        """Whether every line was read (a torn last line aside)."""
+        return not self.damaged and self.cut_short is None
+
+    def problem(self) -> str:
+        """The damage in words, for one line: which lines, why, what was kept."""
+        parts = [f"line {n}: {why}" for n, why in self.damaged[:3]]
+        if len(self.damaged) > 3:
+            parts.append(f"and {len(self.damaged) - 3} more")
+        if self.cut_short:
+            parts.append(self.cut_short)
+        what = f"{len(self.damaged)} damaged line(s) skipped" if self.damaged else "cut short"
+        return f"{self.path}: {what} ({'; '.join(parts)}); {len(self.rows)} intact row(s) read"
+
+
+def _row_problem(raw: bytes) -> tuple[dict[str, Any] | None, str]:
+    """A log line as a row, else `(None, why)`."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return None, f"not UTF-8 text (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})"
+    try:
+        row = json.loads(text)
+    except ValueError:
+        return None, "not JSON"
+    step = row.get("step") if isinstance(row, dict) else None
+    if not isinstance(step, int) or isinstance(step, bool):
+        return None, "not a metrics row (no integer step)"
+    return row, ""
+
+
+def read_log(path: str | Path) -> MetricsLog:
+    """Every intact row of a metrics log (`metrics.jsonl`, or a `.gz` copy), and which lines
+    are not rows: a damaged line costs only itself, never the rows after it. A missing file is
+    an empty log; a file named `.gz` that is not gzip is one `DataFormatError` naming it."""
+    file = Path(path)
     rows: list[dict[str, Any]] = []
-    if not path.is_file():
-        return rows
-    with path.open(encoding="utf-8") as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                break
-    return rows
+    damaged: list[tuple[int, str]] = []
+    torn = False
+    cut_short = None
+    if not file.is_file():
+        return MetricsLog(file, rows, damaged)
+    line_no = 0
+    try:
+        with gzip.open(file, "rb") if file.suffix == ".gz" else file.open("rb") as handle:
+            for line_no, raw in enumerate(handle, start=1):
+                if not raw.strip():
+                    continue
+                row, why = _row_problem(raw.strip())
+                if row is not None:
+                    rows.append(row)
+                elif raw.endswith(b"\n"):
+                    damaged.append((line_no, why))
+                else:
+                    torn = True  # the last line, without its newline: a write cut short
+    except gzip.BadGzipFile:
+        raise DataFormatError(f"{file}: not a gzip file (its name ends in .gz)") from None
+    except (EOFError, zlib.error) as exc:
+        what = "ends early" if isinstance(exc, EOFError) else "is damaged"
+        cut_short = f"the compressed data {what} after line {line_no}"
+    return MetricsLog(file, rows, damaged, torn, cut_short)
+
+
+_told: set[tuple[str, int, int]] = set()
+"""The damaged logs already named in this process (path, size, mtime): each is named once."""
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    """All intact rows of a run's metrics log: a torn last line from a crash is skipped
+    quietly; a damaged line in the middle is skipped and named in one warning (once per
+    process), with the count of rows read."""
+    return rows_of(read_log(Path(run_dir) / METRICS_FILE))
+
+
+def rows_of(log: MetricsLog) -> list[dict[str, Any]]:
+    """The rows of `log`, its damage named in one warning (once per process and file state)."""
+    if not log.whole:
+        stat = log.path.stat()
+        seen = (str(log.path.absolute()), stat.st_size, stat.st_mtime_ns)
+        if seen not in _told:
+            _told.add(seen)
+            logger.warning("%s", log.problem())
+    return log.rows
+
+
+def _keep_original(path: Path) -> Path:
+    """A copy of a damaged log beside it (`metrics.jsonl.damaged-<time>`), before it is
+    repaired: nothing it held is lost."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    copy = path.with_name(f"{path.name}.damaged-{stamp}")
+    n = 2
+    while copy.exists():
+        copy = path.with_name(f"{path.name}.damaged-{stamp}-{n}")
+        n += 1
+    with atomic_write(copy, "wb") as f:
+        f.write(path.read_bytes())
+    return copy
 
 
 def _cut_back(handle: IO[str], path: Path, size: int) -> IO[str]:
@@ -84,7 +186,17 @@ class MetricsLogger:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / METRICS_FILE
-        kept = [r for r in read_metrics(self.run_dir) if r.get("step", 0) <= (resume_step or 0)]
+        earlier = read_log(self.path)
+        if not earlier.whole:  # never rewritten without a copy of what it held
+            copy = _keep_original(self.path)
+            logger.warning(
+                "%s; the log goes on from its intact rows up to step %d, the original is kept "
+                "as %s",
+                earlier.problem(),
+                resume_step or 0,
+                copy.name,
+            )
+        kept = [r for r in earlier.rows if r["step"] <= (resume_step or 0)]
         with atomic_write(self.path, "w", encoding="utf-8") as f:
             for row in kept:
                 f.write(json.dumps(row) + "\n")
