@@ -195,11 +195,31 @@ def write_jsonl(path: str | os.PathLike[str], rows: Iterable[Any]) -> int:
 
 
 def text_lines(path: Path, handle: IO[bytes]) -> Iterator[tuple[int, str]]:
-    """`(line number, text)` of a UTF-8 file opened in binary; a line that is not UTF-8 is one
-    `DataFormatError` naming the file, line and byte, instead of a decoder traceback."""
-    from llds.errors import DataFormatError
+    """`(line number, text)` of a UTF-8 file opened in binary (or through gzip); a line that is
+    not UTF-8, a `.gz` file that is not gzip, or a compressed file cut short is one
+    `DataFormatError` naming the file (and line), instead of a decoder traceback."""
+    import gzip
+    import zlib
 
-    for line_no, raw in enumerate(handle, start=1):
+    lines = iter(handle)
+    line_no = 0
+    while True:
+        try:
+            raw = next(lines)
+        except StopIteration:
+            return
+        except gzip.BadGzipFile:
+            raise DataFormatError(
+                f"{path}: not a gzip file, though its name ends in .gz; rename it without .gz "
+                "(or compress it with gzip)"
+            ) from None
+        except (EOFError, zlib.error) as exc:
+            what = "ends early" if isinstance(exc, EOFError) else "is damaged"
+            raise DataFormatError(
+                f"{path}: the compressed data {what} after line {line_no} (a copy cut short?); "
+                "copy or compress it again"
+            ) from None
+        line_no += 1
         try:
             yield line_no, raw.decode("utf-8")
         except UnicodeDecodeError as exc:

@@ -203,7 +203,8 @@ def run_evaluation(cfg: EvalConfig, protocol: Protocol | None = None) -> EvalRes
 
         check_directory_target("out", Path(cfg.out).absolute().parent)
     proto = protocol or cfg.protocol.resolve(cfg.model)[0]
-    retriever = open_answering_retriever(cfg.retriever)  # before the model: a dead URL fails fast
+    # before the model: a dead URL, or one that cannot answer at this top-k, fails fast
+    retriever = open_answering_retriever(cfg.retriever, topk=proto.topk)
     examples = load_many(cfg.data, limit=cfg.limit)
     model, tok = load_model(
         ModelConfig(path=cfg.model, dtype=cfg.dtype, device=cfg.device), device_key="device"

@@ -50,6 +50,7 @@ def check_model_directory(path: Path, name: str) -> None:
         raise UserInputError(
             f"model directory {name!r} has no config.json (not a Hugging Face model directory)"
         )
+    config_problem(path / "config.json", name)
     if not any((path / f).is_file() for f in TOKENIZER_FILES):
         raise UserInputError(
             f"model directory {name!r} has no tokenizer ({', '.join(TOKENIZER_FILES[:3])}, ...): "
@@ -64,6 +65,56 @@ def check_model_directory(path: Path, name: str) -> None:
         problem = safetensors_problem(file)
         if problem:
             raise UserInputError(f"model directory {name!r}: {file.name} {problem}")
+
+
+def config_problem(file: Path, name: str) -> None:
+    """Refuse a `config.json` transformers cannot build a model from: not JSON (a copy cut
+    short), no `model_type`, or a type this transformers does not know (a newer model, or a
+    typo) unless the directory brings its own code (`auto_map`)."""
+    import json
+
+    try:
+        config = json.loads(file.read_bytes())
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise UserInputError(
+            f"model directory {name!r}: config.json is not valid JSON ({exc}); a copy cut "
+            "short? copy it again"
+        ) from None
+    if not isinstance(config, dict):
+        raise UserInputError(f"model directory {name!r}: config.json is not a JSON object")
+    kind = config.get("model_type")
+    if "auto_map" in config:
+        return
+    if not isinstance(kind, str) or not kind:
+        raise UserInputError(f"model directory {name!r}: config.json has no model_type")
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    if kind not in CONFIG_MAPPING_NAMES:
+        import difflib
+
+        close = difflib.get_close_matches(kind, list(CONFIG_MAPPING_NAMES), n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise UserInputError(
+            f"model directory {name!r}: config.json names model_type {kind!r}, which "
+            f"transformers {transformers.__version__} does not know; {hint}a newer model may "
+            "need a newer transformers"
+        )
+
+
+def nonfinite_weight(model: Any) -> str | None:
+    """The first parameter of `model` holding a NaN or an infinity, described
+    (`model.layers.0.mlp.up_proj.weight: 3 NaN of 4096 values`), else None."""
+    import torch
+
+    for key, tensor in model.named_parameters():
+        if not tensor.is_floating_point() or bool(torch.isfinite(tensor).all()):
+            continue
+        nan = int(torch.isnan(tensor).sum())
+        inf = int(torch.isinf(tensor).sum())
+        kinds = " and ".join(f"{n} {what}" for n, what in ((nan, "NaN"), (inf, "Inf")) if n)
+        return f"{key}: {kinds} of {tensor.numel()} values"
+    return None
 
 
 def safetensors_problem(file: Path) -> str | None:
@@ -161,6 +212,12 @@ def load_policy(
             f"cannot load model {source!r}: it is neither a model directory with config.json "
             f"nor a hub id present in the local Hugging Face cache ({exc})"
         ) from exc
+    bad = nonfinite_weight(model)
+    if bad is not None:  # nothing learns from, or answers with, such weights
+        raise UserInputError(
+            f"model {source!r}: its weights are not finite ({bad}); the checkpoint is damaged "
+            "(a diverged run?): use an earlier one"
+        )
     prepare_tokenizer(tokenizer)
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id

@@ -132,8 +132,14 @@ class BM25Retriever:
         if meta["method"] != cls.method:
             raise UserInputError(f"{directory}: holds a {meta['method']} index, not bm25")
         root = Path(directory)
+        docs = MappedDocs(root)
+        if not (root / BM25_SUBDIR).is_dir():
+            raise UserInputError(
+                f"{root}: the index has no {BM25_SUBDIR}/ (its term scores); build it again "
+                "with `llds index`"
+            )
         model = bm25s.BM25.load(str(root / BM25_SUBDIR), mmap=mmap, show_progress=False)
-        return cls(model, MappedDocs(root))
+        return cls(model, docs)
 
     def _top_k(self, token_ids: list[int], k: int) -> tuple[np.ndarray, np.ndarray]:
         """Sum the precomputed per-(term, passage) scores over the query's postings only.

@@ -23,7 +23,7 @@ import httpx
 
 from llds.errors import UserInputError
 from llds.retrieval.base import Hit
-from llds.retrieval.protocol import decode_hits
+from llds.retrieval.protocol import ReplyError, decode_hits
 
 log = logging.getLogger("llds.retrieval.client")
 
@@ -94,7 +94,12 @@ class HTTPRetriever:
         for start in range(0, len(queries), self.batch_size):
             chunk = list(queries[start : start + self.batch_size])
             payload = {"queries": chunk, "topk": k, "return_scores": True}
-            hits = decode_hits(self._post(payload))
+            try:
+                hits = decode_hits(self._post(payload))
+            except ReplyError as exc:
+                raise RetrievalServiceError(
+                    200, f"{self.url}: the reply does not follow the Search-R1 schema: {exc}"
+                ) from None
             if len(hits) != len(chunk):
                 raise RetrievalServiceError(
                     200, f"{self.url}: {len(hits)} results for {len(chunk)} queries"

@@ -16,6 +16,7 @@ from typing import Protocol
 
 import numpy as np
 
+from llds.errors import DataFormatError, UserInputError
 from llds.io import atomic_write
 
 DOCS_FILE = "docs.jsonl"
@@ -51,9 +52,27 @@ class MappedDocs:
 
     def __init__(self, directory: str | os.PathLike[str]) -> None:
         root = Path(directory)
-        self.offsets = np.load(root / OFFSETS_FILE, mmap_mode="r")
+        missing = [name for name in (DOCS_FILE, OFFSETS_FILE) if not (root / name).is_file()]
+        if missing:
+            raise UserInputError(
+                f"{root}: the index has no {' and no '.join(missing)} (its passages); build it "
+                "again with `llds index`"
+            )
+        try:
+            self.offsets = np.load(root / OFFSETS_FILE, mmap_mode="r")
+        except (OSError, ValueError) as exc:
+            raise DataFormatError(
+                f"{root / OFFSETS_FILE}: damaged ({exc}); build it again"
+            ) from None
         self._file = open(root / DOCS_FILE, "rb")  # noqa: SIM115 - lives as long as the store
         size = os.fstat(self._file.fileno()).st_size
+        if self.offsets.ndim != 1 or len(self.offsets) < 1 or int(self.offsets[-1]) != size:
+            self._file.close()
+            raise DataFormatError(
+                f"{root / DOCS_FILE}: {size} bytes, but {OFFSETS_FILE} says "
+                f"{int(self.offsets[-1]) if self.offsets.size else 0} (a copy cut short?); "
+                "build the index again"
+            )
         self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
 
     def __len__(self) -> int:

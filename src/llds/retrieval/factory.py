@@ -73,7 +73,9 @@ def open_retriever(spec: str | os.PathLike[str], **kwargs: Any) -> Retriever:
         from llds.retrieval.corpus import read_corpus
 
         return build_retriever(read_corpus(path), **{"show_progress": False, **kwargs})
-    raise UserInputError(f"retriever {text!r}: not a URL, an index directory or a corpus file")
+    raise UserInputError(
+        f"retriever {text!r}: not a URL, an index directory or a corpus file{url_hint(text)}"
+    )
 
 
 def corpus_passages(
@@ -92,24 +94,40 @@ def corpus_passages(
 
 
 def open_answering_retriever(
-    spec: str | os.PathLike[str], key: str = "retriever", **kwargs: Any
+    spec: str | os.PathLike[str], key: str = "retriever", *, topk: int = 1, **kwargs: Any
 ) -> Retriever:
-    """`open_retriever(spec, **kwargs)`, and for a URL one search to show that the service
-    answers, before a command loads its model: an unreachable service is one
-    `ServiceUnavailableError` line naming `key` and the URL, at once (the check does not retry:
-    the retries and `retry_seconds` of `kwargs` are for a service that answered and then
-    stops), instead of a traceback after the model has loaded. The search is a plain
-    `/retrieve` request, which every Search-R1 compatible server answers."""
+    """`open_retriever(spec, **kwargs)`, and for a URL one real search at the run's `topk`,
+    before a command loads its model: an unreachable service is one `ServiceUnavailableError`
+    line naming `key` and the URL, at once (the check does not retry: the retries and
+    `retry_seconds` of `kwargs` are for a service that answered and then stops); one that
+    refuses the search (a top-k above its limit) or answers outside the Search-R1 schema is
+    one `UserInputError` line, instead of a traceback after the model has loaded. The search is
+    a plain `/retrieve` request, which every Search-R1 compatible server answers."""
     from llds.errors import ServiceUnavailableError
     from llds.retrieval.client import HTTPRetriever, RetrievalServiceError
 
     if is_url(spec):
         try:
             with HTTPRetriever(os.fspath(spec), retries=0, timeout=CHECK_TIMEOUT) as check:
-                check.search(["connectivity check"], 1)
+                check.search(["connectivity check"], topk)
         except RetrievalServiceError as exc:
+            if exc.status is not None:  # it answered: the answer is wrong, not the network
+                raise UserInputError(
+                    f"{key}: the retrieval service at {spec} fails a first search at top-k "
+                    f"{topk}: {exc}"
+                ) from None
             raise ServiceUnavailableError(
                 f"{key}: the retrieval service at {spec} does not answer ({exc}); start it "
                 "(`llds serve-retriever ...`) or fix the URL"
             ) from None
     return open_retriever(spec, **kwargs)
+
+
+def url_hint(spec: str) -> str:
+    """A hint for a retriever spec that looks like a URL without its scheme (`host:port`,
+    `localhost:8000/retrieve`), else "": such a spec is otherwise read as a missing path."""
+    head = spec.split("/", 1)[0]
+    host, colon, port = head.rpartition(":")
+    if colon and host and port.isdigit() and "://" not in spec:
+        return f" (a URL? write it with its scheme: http://{spec})"
+    return ""

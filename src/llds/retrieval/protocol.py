@@ -138,20 +138,40 @@ def encode_hits(results: Sequence[Sequence[Hit]], return_scores: bool) -> dict[s
     return {"result": out}
 
 
+class ReplyError(ValueError):
+    """A `/retrieve` reply that does not follow the Search-R1 schema; the message names the
+    part (`result[0][1].score`) and what it holds instead."""
+
+
+def _number(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ReplyError(f"{where} is not a number (got {_type_name(value)})")
+    try:
+        return float(value)
+    except ValueError:
+        raise ReplyError(f"{where} is not a number (got {str(value)[:40]!r})") from None
+
+
 def decode_hits(payload: Any) -> list[list[Hit]]:
-    """Parse a `/retrieve` response (either hit shape) back into hits; raises ValueError."""
+    """Parse a `/retrieve` reply (either hit shape) back into hits; anything else is one
+    `ReplyError` naming the part that is wrong."""
     if not isinstance(payload, dict) or not isinstance(payload.get("result"), list):
-        raise ValueError("response has no 'result' list")
+        got = f"keys {sorted(payload)[:5]}" if isinstance(payload, dict) else _type_name(payload)
+        raise ReplyError(f"the reply has no 'result' list (got {got})")
     results: list[list[Hit]] = []
-    for hits in payload["result"]:
+    for i, hits in enumerate(payload["result"]):
         if not isinstance(hits, list):
-            raise ValueError("each 'result' entry must be a list of hits")
+            raise ReplyError(f"result[{i}] is not a list of hits (got {_type_name(hits)})")
         parsed = []
-        for hit in hits:
+        for j, hit in enumerate(hits):
+            where = f"result[{i}][{j}]"
             doc = hit.get("document", hit) if isinstance(hit, dict) else None
-            if not isinstance(doc, dict) or "contents" not in doc:
-                raise ValueError("a hit has no document contents")
-            score = hit.get("score", 0.0) if "document" in hit else 0.0
-            parsed.append(Hit(str(doc.get("id", "")), str(doc["contents"]), float(score)))
+            if not isinstance(doc, dict) or not isinstance(doc.get("contents"), str):
+                raise ReplyError(
+                    f"{where} has no 'contents' text (a hit is {{id, contents}}, or "
+                    "{document: {id, contents}, score} with return_scores)"
+                )
+            score = _number(hit.get("score", 0.0), f"{where}.score") if "document" in hit else 0.0
+            parsed.append(Hit(str(doc.get("id", "")), doc["contents"], score))
         results.append(parsed)
     return results

@@ -12,8 +12,10 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import signal
 import socket
 import sys
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -202,4 +204,20 @@ def serve(
         timeout_graceful_shutdown=int(graceful_timeout_s),
         lifespan="on",
     )
-    uvicorn.Server(config).run(sockets=None if sock is None else [sock])
+    server = uvicorn.Server(config)
+    if threading.current_thread() is not threading.main_thread():
+        server.run(sockets=None if sock is None else [sock])
+        return
+    # uvicorn drains on SIGTERM, then raises the signal again for the handler it found: after
+    # a drain that is the service's normal end, not the command line's "terminated" (and one
+    # that comes before uvicorn listens for it stops the service as soon as it has started)
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: _stop(server))
+    try:
+        server.run(sockets=None if sock is None else [sock])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _stop(server: Any) -> None:
+    """SIGTERM outside uvicorn's own handler: the server is (or will be) stopped."""
+    server.should_exit = True

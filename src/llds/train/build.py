@@ -194,7 +194,9 @@ def retriever(cfg: TrainConfig, given: Retriever | None) -> Retriever | None:
 
     source = cfg.retriever.source
     options = {"retry_seconds": cfg.retriever.retry_seconds} if is_url(source) else {}
-    return open_answering_retriever(source, "retriever.source", **options)
+    return open_answering_retriever(
+        source, "retriever.source", topk=cfg.retriever.topk, **options
+    )
 
 
 def train_examples(cfg: TrainConfig, given: Sequence[QAExample] | None) -> Sequence[QAExample]:
