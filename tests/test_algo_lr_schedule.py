@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -45,3 +46,31 @@ def test_lambda_lr_follows_the_schedule() -> None:
     assert seen == pytest.approx(want)
     assert seen[3] == pytest.approx(0.5) and seen[6] == pytest.approx(0.25)
     assert math.isclose(seen[0], 0.5 / 3)
+
+
+def test_piecewise_points_hold_then_climb_then_hold():
+    from llds.algo.lr_schedule import lr_factor, piecewise_factor
+
+    points = [(0, 1.0), (60, 1.0), (160, 10.0)]
+    # by hand: flat to 60, then +0.09 per step to 10 at 160, flat after
+    assert [piecewise_factor(s, points) for s in (0, 30, 60)] == [1.0, 1.0, 1.0]
+    assert piecewise_factor(61, points) == pytest.approx(1.09)
+    assert piecewise_factor(110, points) == pytest.approx(5.5)
+    assert [piecewise_factor(s, points) for s in (160, 500)] == [10.0, 10.0]
+    assert piecewise_factor(0, [(5, 2.0), (10, 0.0)]) == 2.0  # before the first point
+    factor = lr_factor("cosine", 10, 100, points)  # points replace the schedule and warm-up
+    assert factor(0) == 1.0 and factor(110) == pytest.approx(5.5)
+
+
+def test_lr_points_are_checked_where_they_are_set():
+    from llds.errors import ConfigError
+    from llds.train.config import load_config
+
+    REQUIRED = ["model.path=m", "data.train=t", "retriever.source=c"]
+
+    with pytest.raises(ConfigError, match=re.escape("lr_points: steps must strictly increase")):
+        load_config(None, [*REQUIRED, "optim.lr_points=[[0,1],[0,2]]"])
+    with pytest.raises(ConfigError, match=re.escape("optim.lr_points: replaces the warm-up")):
+        load_config(None, [*REQUIRED, "optim.lr_points=[[0,1],[5,2]]", "optim.warmup_steps=3"])
+    with pytest.raises(ConfigError, match=re.escape("optim.lr_points")):
+        load_config(None, [*REQUIRED, "optim.lr_points=[[0,-1]]"])

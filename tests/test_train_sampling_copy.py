@@ -3,6 +3,8 @@ update, while pi_old, the update and the checkpoints stay on the float32 policy.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from torch import nn
@@ -126,3 +128,18 @@ def test_lora_policy_copy_carries_the_trained_adapters(
     assert all(p.dtype == torch.bfloat16 for p in copied.values())
     inner = next(m for m in tr.sampler.model.modules() if hasattr(m, "config"))
     assert inner.config._attn_implementation == "eager"
+
+
+def test_a_lagging_copy_needs_a_copy_and_a_lag_that_divides_save_every():
+    from llds.errors import ConfigError
+    from llds.train.config import load_config
+
+    REQUIRED = ["model.path=m", "data.train=t", "retriever.source=c"]
+
+    copy = [*REQUIRED, "rollout.dtype=float32", "save_every=10"]
+    with pytest.raises(ConfigError, match=re.escape("rollout.sync_every: lags the sampling")):
+        load_config(None, [*REQUIRED, "rollout.sync_every=5"])
+    with pytest.raises(ConfigError, match=re.escape("sync_every: 4 must divide save_every=10")):
+        load_config(None, [*copy, "rollout.sync_every=4"])
+    cfg = load_config(None, [*copy, "rollout.sync_every=5"])
+    assert cfg.rollout.sync_every == 5

@@ -81,6 +81,12 @@ class RolloutConfig:
     then recomputed from the policy (`algo.old_logprobs: auto`). Costs the model's size again in
     this dtype (under FSDP a second copy beside the unsharded one). null: sample from the
     policy"""
+    sync_every: int = Field(default=1, ge=1)
+    """refresh the sampling copy (`rollout.dtype`) from the trained weights every N training
+    steps instead of after every one: rollouts then come from a policy up to N - 1 steps
+    behind, as in an asynchronous or one-step-off trainer. pi_old is recomputed from the
+    trained policy, so with `algo.rollout_correction.mode: off` nothing corrects the rollouts
+    for the lag (the mismatch metrics `mismatch/*` measure it). 1: no lag"""
     attn_implementation: AttentionImplementation | None = None
     """attention kernel of the sampling copy (needs `dtype`): a transformers
     `attn_implementation`, e.g. `eager`, which decoded bf16 faster than `sdpa` on the CPU

@@ -199,6 +199,15 @@ def retriever(cfg: TrainConfig, given: Retriever | None) -> Retriever | None:
     )
 
 
+def degrading(cfg: TrainConfig, search: Retriever | None) -> Retriever | None:
+    """`search` behind the fault `retriever.degrade` asks for (itself when there is none)."""
+    if search is None or cfg.retriever.degrade.kind == "none":
+        return search
+    from llds.retrieval.faults import DegradingRetriever
+
+    return DegradingRetriever(search, cfg.retriever.degrade)
+
+
 def train_examples(cfg: TrainConfig, given: Sequence[QAExample] | None) -> Sequence[QAExample]:
     """The given training questions, else `data.train` read (up to `data.train_limit`)."""
     if given is not None:
@@ -311,10 +320,10 @@ def optimizer(cfg: TrainConfig, model: Any) -> torch.optim.AdamW:
 
 
 def scheduler(cfg: TrainConfig, optim: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
-    """The learning-rate schedule (`optim.schedule` with its warm-up) over `steps`."""
-    return torch.optim.lr_scheduler.LambdaLR(
-        optim, lr_factor(cfg.optim.schedule, cfg.warmup_steps, cfg.steps)
-    )
+    """The learning-rate schedule (`optim.schedule` with its warm-up, or `optim.lr_points`)
+    over `steps`."""
+    factor = lr_factor(cfg.optim.schedule, cfg.warmup_steps, cfg.steps, cfg.optim.lr_points)
+    return torch.optim.lr_scheduler.LambdaLR(optim, factor)
 
 
 def to_float32(model: Any) -> None:

@@ -20,6 +20,7 @@ from llds.config.schema import Invalid, check, section
 from llds.errors import ConfigError, UserInputError
 from llds.monitor.settings import MonitorConfig
 from llds.policy.config import LoRAConfig, ModelConfig
+from llds.retrieval.faults import DegradeConfig
 from llds.rollout.config import RolloutConfig
 
 __all__ = [
@@ -33,6 +34,8 @@ __all__ = [
 ]
 
 Beta = Annotated[float, Field(ge=0, lt=1)]
+Step = Annotated[int, Field(ge=0)]
+Factor = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 
 @section(key="data")
@@ -65,6 +68,9 @@ class RetrieverConfig:
     """how long a retrieval service (a URL source) that stops answering is retried, with
     backoff, before the run stops; it then exits with code 2 and resumes from its last
     checkpoint when started again with the same command"""
+    degrade: DegradeConfig = dataclasses.field(default_factory=DegradeConfig)
+    """make the retriever worse from a step on, to see what a run and its monitor do when
+    search stops helping (`llds.retrieval.faults`); off by default"""
 
 
 @section(key="optim")
@@ -85,6 +91,12 @@ class OptimConfig:
     """warm-up as a share of `steps` (Search-R1's code: 0.285); replaces warmup_steps when set"""
     schedule: Literal["constant", "cosine", "linear"] = "constant"
     """learning rate after the warm-up"""
+    lr_points: list[tuple[Step, Factor]] | None = None
+    """a piecewise-linear schedule instead of `schedule` and the warm-up: `[step, factor]`
+    points, steps strictly increasing, the learning rate `lr * factor` on the line through them
+    (the first factor before the first point, the last after the last). E.g. `[[0, 1], [60, 1],
+    [160, 10]]` holds `lr` for 60 steps, then climbs to 10x it over 100 steps: a re-warm-up to a
+    peak set too high, one of the ways a healthy run is made to diverge"""
     grad_clip: float | None = Field(default=1.0, gt=0)
     """clip the global gradient norm to this; null = no clipping"""
     mini_batches: int = Field(default=10, ge=1)
@@ -119,6 +131,14 @@ class OptimConfig:
     def __post_init__(self) -> None:
         if self.warmup_ratio is not None and self.warmup_steps:
             raise Invalid("warmup_ratio", "set either warmup_ratio or warmup_steps, not both")
+        if self.lr_points is not None:
+            steps = [s for s, _ in self.lr_points]
+            if not steps:
+                raise Invalid("lr_points", "give at least one [step, factor] point, or null")
+            if any(b <= a for a, b in itertools.pairwise(steps)):
+                raise Invalid("lr_points", f"steps must strictly increase, got {steps}")
+            if self.warmup_ratio is not None or self.warmup_steps:
+                raise Invalid("lr_points", "replaces the warm-up: unset warmup_steps/_ratio")
 
 
 @section(key="logging")
@@ -272,6 +292,12 @@ class TrainConfig:
                     "advantage is 0 and nothing learns",
                 )
             )
+        if self.rollout.temperature == 0:
+            why = (
+                "0 is greedy decoding: every rollout of a question is the same, so every "
+                "advantage is 0 and nothing learns; sample (Search-R1: 1.0)"
+            )
+            out.append(("rollout.temperature", why))
         if not self.llds_can_act:
             why = (
                 "LLDS acts only from the second optimizer step on a rollout batch (on the first, "
@@ -309,6 +335,16 @@ class TrainConfig:
                     "sampling copy) or mode=off",
                 )
             )
+        if self.rollout.sync_every > 1 and self.rollout.dtype is None:
+            why = "lags the sampling copy, which only exists with rollout.dtype (e.g. float32)"
+            out.append(("rollout.sync_every", why))
+        elif self.save_every % self.rollout.sync_every:
+            why = (
+                f"{self.rollout.sync_every} must divide save_every={self.save_every}, so that a "
+                "checkpoint's sampling copy is the saved policy and a resumed run samples as "
+                "the uninterrupted one"
+            )
+            out.append(("rollout.sync_every", why))
         rows = self.prompts_per_step * self.rollout.group_size
         if self.optim.mini_batches > rows:
             why = f"{self.optim.mini_batches} > {rows} rollouts per step"

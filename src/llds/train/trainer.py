@@ -29,6 +29,7 @@ from llds.monitor.alarms import Alarm
 from llds.monitor.rollout_metrics import rollout_metrics
 from llds.policy.float_env import float_environment
 from llds.retrieval.client import RetrievalServiceError
+from llds.retrieval.faults import DegradingRetriever
 from llds.rollout import RolloutBatch, RolloutRequest
 from llds.runs.tracking import MetricsLogger, read_metrics
 from llds.train import build, fsdp
@@ -96,7 +97,7 @@ class GRPOTrainer:
         # the questions and the retriever before the model: a data problem or a dead retrieval
         # service is found before weights load
         train_examples = build.train_examples(cfg, train_examples)
-        self.retriever = build.retriever(cfg, retriever)
+        self.retriever = build.degrading(cfg, build.retriever(cfg, retriever))
 
         policy = build.policy(cfg, self.dist, start.checkpoint, model, tokenizer)
         self.model, self.tokenizer = policy.model, policy.tokenizer
@@ -242,6 +243,8 @@ class GRPOTrainer:
         the measurements; then the alarms, the periodic evaluation and measurements, the log
         and the checkpoint. Returns the step's metric row."""
         cfg, k, times = self.cfg, self.step, PhaseTimes()
+        if isinstance(self.retriever, DegradingRetriever):
+            self.retriever.at_step(k + 1)
         with times("rollout"):
             context = self.sampler.context(self.precision.autocast())
             batch = generate_on_every_rank(self.engine, self.step_requests(k), self.dist, context)
@@ -291,7 +294,7 @@ class GRPOTrainer:
             j * g + i for j in self.dist.shard(self.cfg.prompts_per_step) for i in range(g)
         ]
         stats = self.updater.run(batch, adv, old_logp, ref_logp, k, global_rows, self.algo)
-        self._sync_copies()
+        self._sync_copies(sampler=(k + 1) % self.cfg.rollout.sync_every == 0)
         return stats
 
     def _step_info(self, batch: RolloutBatch, times: PhaseTimes, from_rollout: bool):
@@ -378,12 +381,13 @@ class GRPOTrainer:
             self._prompt_cache[ex.id] = ids
         return ids
 
-    def _sync_copies(self) -> None:
-        """After the policy's weights changed: refresh the unsharded copy (FSDP) and the
-        sampling copy (`rollout.dtype`), in that order."""
+    def _sync_copies(self, *, sampler: bool = True) -> None:
+        """After the policy's weights changed: refresh the unsharded copy (FSDP) and, unless it
+        lags (`rollout.sync_every`), the sampling copy (`rollout.dtype`), in that order."""
         if self.sharded:
             fsdp.sync_unsharded_copy(self.model, self.rollout_model)
-        self.sampler.refresh()
+        if sampler:
+            self.sampler.refresh()
 
     def _run_state(self) -> RunState:
         return RunState(self.model, self.tokenizer, self.optimizer, self.scheduler, self.scaler)

@@ -1,0 +1,169 @@
+"""The collapse corpus's generators (`experiments/collapse_corpus/`): each mechanism's cause,
+applied as the corpus applies it (a branch resumed from its trunk's checkpoint with the cause's
+settings allowed), takes effect at its onset step and not before, against the control branch
+of the same trunk."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from conftest import tiny_trainer
+from llds.retrieval.faults import DegradeConfig, DegradingRetriever, degraded_share
+from llds.runs.tracking import read_metrics
+
+HERE = Path(__file__).resolve().parents[1] / "experiments" / "collapse_corpus"
+ONSET, END = 2, 4
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, HERE / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+corpus = _load("corpus")
+S = corpus.S
+
+TINY = [f"save_every={ONSET}", "rollout.max_turns=2", "diagnostics.hidden_similarity_every=0"]
+
+
+@pytest.fixture(scope="module")
+def trunk(tmp_path_factory, small_world, world_tokenizer, world_retriever) -> Path:
+    """Steps 1..ONSET of the recipe, with its checkpoint at ONSET."""
+    root = tmp_path_factory.mktemp("corpus") / "trunk"
+    t = tiny_trainer(root, small_world, world_tokenizer, world_retriever, [*TINY, f"steps={ONSET}"])
+    t.train()
+    return root
+
+
+def _branch(root: Path, trunk: Path, world, tok, retriever, overrides, allow):
+    """The branch of `trunk` in `root`, trained to END; returns (trainer, rows by step)."""
+    corpus.copy_trunk(trunk, root, onset=ONSET)
+    t = tiny_trainer(
+        root,
+        world,
+        tok,
+        retriever,
+        [*TINY, f"steps={END}", *overrides],
+        resume=True,
+        allow_config_change=list(allow) or None,
+    )
+    t.train()
+    return t, {r["step"]: r for r in read_metrics(root)}
+
+
+@pytest.fixture(scope="module")
+def control(trunk, tmp_path_factory, small_world, world_tokenizer, world_retriever):
+    root = tmp_path_factory.mktemp("corpus") / "none"
+    return _branch(root, trunk, small_world, world_tokenizer, world_retriever, [], [])[1]
+
+
+def _cause(name, strength, trunk, tmp_path, world, tok, retriever):
+    cause = S.CAUSES[name]
+    return _branch(
+        tmp_path / name,
+        trunk,
+        world,
+        tok,
+        retriever,
+        cause.overrides(strength, onset=ONSET),
+        cause.allow,
+    )
+
+
+def _same_trunk(rows, control):
+    """Steps 1..ONSET are the trunk's in both branches, row for row."""
+    for step in range(1, ONSET + 1):
+        assert rows[step] == control[step]
+    assert max(rows) == END and max(control) == END
+
+
+def test_lr_climbs_from_the_onset(
+    trunk, control, tmp_path, small_world, world_tokenizer, world_retriever
+):
+    _, rows = _cause("lr", "10", trunk, tmp_path, small_world, world_tokenizer, world_retriever)
+    _same_trunk(rows, control)
+    base = control[ONSET]["lr"]
+    assert control[END]["lr"] == pytest.approx(base)
+    # LambdaLR's factor at step k is the line through the points at k (0-based steps done):
+    # step ONSET + 1 trains with factor(ONSET) = 1, then 1 + 9 / LR_RAMP per step
+    assert rows[ONSET + 1]["lr"] == pytest.approx(base * (1 + 9 / S.LR_RAMP))
+    assert rows[END]["lr"] == pytest.approx(base * (1 + 9 * (END - ONSET) / S.LR_RAMP))
+
+
+def test_mismatch_samples_from_a_lagging_copy(
+    trunk, control, tmp_path, small_world, world_tokenizer, world_retriever
+):
+    # sync_every=2: the copy is made fresh at the resume (step ONSET + 1 samples the policy's
+    # own weights), is not refreshed after step 3's update (3 % 2), so step 4 samples a copy one
+    # update behind
+    t, rows = _cause(
+        "mismatch", "2", trunk, tmp_path, small_world, world_tokenizer, world_retriever
+    )
+    _same_trunk(rows, control)
+    assert t.sampler.is_copy
+    kl = "mismatch/k3_kl"
+    assert all(kl not in control[s] for s in control)
+    assert all(kl not in rows[s] for s in range(1, ONSET + 1))
+    assert abs(rows[ONSET + 1][kl]) < 1e-6  # fresh copy: the same policy
+    assert rows[END][kl] > 1e-4  # one update behind
+
+
+def test_tool_degrades_searches_from_the_onset(
+    trunk, control, tmp_path, small_world, world_tokenizer, world_retriever
+):
+    t, rows = _cause("tool", "1", trunk, tmp_path, small_world, world_tokenizer, world_retriever)
+    _same_trunk(rows, control)
+    assert isinstance(t.retriever, DegradingRetriever) and t.retriever.step == END
+    cfg = DegradeConfig(kind="shuffled", start_step=ONSET + 1, ramp_steps=4)
+    assert [degraded_share(cfg, s) for s in range(1, 7)] == [0, 0, 0.25, 0.5, 0.75, 1.0]
+
+
+def test_degraded_searches_get_another_querys_passages_or_none(small_world, world_retriever):
+    queries = [q.question for q in small_world.train[:6]]
+    honest = world_retriever.search(queries, 2)
+    for kind in ("shuffled", "empty"):
+        faulty = DegradingRetriever(world_retriever, DegradeConfig(kind=kind, start_step=3))
+        faulty.at_step(2)  # before the onset: the retriever as it is
+        assert faulty.search(queries, 2) == honest and faulty.degraded == 0
+        faulty.at_step(3)  # fraction 1 at once: every search degraded
+        got = faulty.search(queries, 2)
+        assert faulty.degraded == faulty.searches == len(queries)
+        want = [honest[(i + 1) % len(queries)] for i in range(len(queries))]
+        assert got == (want if kind == "shuffled" else [[] for _ in queries])
+
+
+def test_a_partial_share_degrades_the_same_searches_every_time(small_world, world_retriever):
+    queries = [q.question for q in small_world.train[:40]]
+    cfg = DegradeConfig(kind="empty", start_step=1, fraction=0.5)
+    runs = []
+    for _ in range(2):
+        faulty = DegradingRetriever(world_retriever, cfg)
+        faulty.at_step(5)
+        runs.append([len(h) == 0 for h in faulty.search(queries, 2)])
+    assert runs[0] == runs[1] and 8 <= sum(runs[0]) <= 32  # about half of 40, and repeatable
+
+
+def test_entropy_bonus_changes_the_update_from_the_onset(
+    trunk, control, tmp_path, small_world, world_tokenizer, world_retriever
+):
+    t, rows = _cause(
+        "entropy", "0.05", trunk, tmp_path, small_world, world_tokenizer, world_retriever
+    )
+    _same_trunk(rows, control)
+    assert t.algo.entropy_coef == 0.05
+    first = ONSET + 1  # the same rollouts as the control's, a different loss
+    assert rows[first]["rollout/response_tokens"] == control[first]["rollout/response_tokens"]
+    assert rows[first]["policy/grad_norm"] != control[first]["policy/grad_norm"]
+
+
+def test_every_cause_run_has_a_split_and_the_held_out_mechanism_is_whole():
+    assert S.split_of("tool", 0) == S.split_of("tool", 7) == "heldout"
+    assert S.split_of("none", 0) == "tune" and S.split_of("none", 4) == "judge"
+    assert S.split_of("lr", 3) == "tune" and S.split_of("lr", 4) == "judge"
+    assert S.split_of("none", 8) == "tune" and S.split_of("none", 16) == "judge"
+    assert S.mechanism_of("mismatch+tis") == "none"
