@@ -22,6 +22,7 @@ COMMANDS = (
     "train",
     "sft",
     "eval",
+    "export",
     "probe",
     "world",
     "index",

@@ -16,8 +16,8 @@ class LoRAConfig:
     """Low-rank adapters (peft's LoRA) instead of full fine-tuning: only the adapters train.
 
     The KL reference is the same model with its adapters switched off (no second copy of the
-    weights); checkpoints hold the adapter (`adapter/`) and the merged weights (`model/`, what
-    `llds eval` loads)."""
+    weights); checkpoints hold the adapter (`adapter/`) and its optimizer state, not the merged
+    weights: `llds eval` and a resume put it on the base (`model.path`), `llds export` merges."""
 
     r: int = Field(default=16, ge=1)
     """rank of each adapter"""
@@ -38,10 +38,12 @@ class ModelConfig:
     path: str = ""
     """HF model directory or hub id (resolved from the local cache), or `smollm2` (the packaged
     SmolLM2-135M-Instruct); required"""
-    dtype: Literal["float32", "bfloat16", "float16", "auto"] = "float32"
+    dtype: Literal["float32", "bfloat16", "float16", "auto", "bfloat16_if_supported"] = "float32"
     """compute dtype of the policy (autocast). The trained weights and the optimizer state are
     always float32 (master weights): a bf16 weight cannot take a 1e-6 step. `auto` computes in
-    the checkpoint's stored dtype."""
+    the checkpoint's stored dtype; `bfloat16_if_supported` in bfloat16 where the device has
+    bf16 instructions (AVX512-BF16 or AMX on a CPU), float32 elsewhere, decided at start and
+    logged."""
     device: str = "auto"
     """`auto` (CUDA when available), `cpu`, `cuda`, `cuda:1`, ..."""
     chat: bool | None = None

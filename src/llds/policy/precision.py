@@ -9,12 +9,17 @@ update alike. Only frozen copies (the KL reference) are stored in the compute dt
 
 float16 has a narrow exponent range, so its gradients are scaled (`torch.amp.GradScaler`);
 bfloat16 needs no scaling.
+
+bfloat16 pays only where the hardware computes it: a CPU without bf16 instructions emulates it
+and runs slower than float32. `model.dtype: bfloat16_if_supported` therefore decides at start, by
+what the device offers (`native_bfloat16`), and logs the decision.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +33,12 @@ COMPUTE_DTYPES: dict[str, torch.dtype | None] = {
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
 }
+IF_SUPPORTED = "bfloat16_if_supported"
+"""`model.dtype`'s choice of bfloat16 where the device computes it natively, float32 elsewhere"""
+CPU_BF16_FEATURES = ("avx512_bf16", "amx_bf16")
+"""CPU features (as `torch.cpu.get_capabilities()` names them) with bfloat16 matrix products"""
+
+log = logging.getLogger("llds.policy")
 
 
 @dataclass(frozen=True)
@@ -65,20 +76,57 @@ class Precision:
         return torch.amp.GradScaler(self.device_type)
 
 
-def compute_dtype_of(dtype: str, source: str | None = None) -> torch.dtype | None:
-    """The compute dtype for `model.dtype`; `auto` takes the checkpoint's stored dtype.
+def compute_dtype_of(
+    dtype: str, source: str | None = None, device_type: str | None = None
+) -> torch.dtype | None:
+    """The compute dtype for `model.dtype`; `auto` takes the checkpoint's stored dtype;
+    `bfloat16_if_supported` is bfloat16 where `native_bfloat16(device_type)`, else float32
+    (logged either way).
 
     `source` is the model directory `auto` reads `config.json` from; anything but bf16/fp16 there
-    (or no readable config) means float32.
+    (or no readable config) means float32. `device_type` None: the device `model.device: auto`
+    picks (CUDA when available, else the CPU).
     """
     if dtype in COMPUTE_DTYPES:
         return COMPUTE_DTYPES[dtype]
+    if dtype == IF_SUPPORTED:
+        device = device_type or ("cuda" if torch.cuda.is_available() else "cpu")
+        native = native_bfloat16(device)
+        log.info(
+            "model.dtype %s: %s -> computing in %s",
+            IF_SUPPORTED,
+            f"{device} has bfloat16 instructions" if native else f"{device} lacks bfloat16",
+            "bfloat16" if native else "float32",
+        )
+        return torch.bfloat16 if native else None
     if dtype != "auto":
         raise UserInputError(
-            f"model.dtype must be one of {[*COMPUTE_DTYPES, 'auto']}, got {dtype!r}"
+            f"model.dtype must be one of {[*COMPUTE_DTYPES, 'auto', IF_SUPPORTED]}, got {dtype!r}"
         )
     stored = _stored_dtype(source) if source else None
     return COMPUTE_DTYPES.get(stored or "float32")
+
+
+def native_bfloat16(device_type: str, capabilities: dict[str, object] | None = None) -> bool:
+    """Whether `device_type` computes bfloat16 matrix products natively: on a CPU, AVX512-BF16
+    or AMX-BF16 (`capabilities`: `torch.cpu.get_capabilities()`, given for tests); on CUDA,
+    `torch.cuda.is_bf16_supported()`; False elsewhere."""
+    if device_type == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    if device_type != "cpu":
+        return False
+    if capabilities is None:
+        capabilities = _cpu_capabilities()
+    return any(bool(capabilities.get(name)) for name in CPU_BF16_FEATURES)
+
+
+def _cpu_capabilities() -> dict[str, object]:
+    """`torch.cpu.get_capabilities()`, or on a torch without it the older private checks."""
+    listed = getattr(torch.cpu, "get_capabilities", None)
+    if listed is not None:
+        return dict(listed())
+    check = getattr(torch.cpu, "_is_avx512_bf16_supported", None)
+    return {"avx512_bf16": bool(check()) if check is not None else False}
 
 
 def _stored_dtype(source: str) -> str | None:

@@ -142,7 +142,8 @@ def policy(
     if dist.enabled:
         model.to(dist.device)
     device_type = next(model.parameters()).device.type
-    precision = Precision(compute_dtype_of(cfg.model.dtype, cfg.model.path), device_type)
+    compute = compute_dtype_of(cfg.model.dtype, cfg.model.path, device_type)
+    precision = Precision(compute, device_type)
     lora, kl = cfg.model.lora, cfg.algo.kl_coef > 0
     reference = frozen_copy(model, precision.compute_dtype) if kl and lora is None else None
     if lora is not None:
