@@ -36,6 +36,7 @@ from llds.config.cli import (
     existing_paths,
     print_config,
     resolve,
+    threads_warning,
 )
 from llds.config.loader import collecting_missing
 from llds.errors import UserInputError
@@ -118,6 +119,9 @@ def run_command(args: argparse.Namespace) -> int:
             command=f"llds {args.command}",
             folder=key in keys,
         )
+    warning = threads_warning(cfg)
+    if warning:
+        print(f"llds {args.command}: warning: {warning}", file=sys.stderr)
     new = [Path(p) for p in outputs if p not in (None, "") and not Path(p).exists()]
     try:
         return int(args._module.run(cfg, args) or 0)
@@ -186,7 +190,7 @@ def _main(argv: Sequence[str] | None) -> int:
         if why is None:
             raise
         where = getattr(exc, "filename", None)
-        fix = "free space" if why == NO_SPACE else "fix the permission (or choose another folder)"
+        fix = "free space" if why == NO_SPACE else "make it writable (or choose another folder)"
         print(
             f"llds {args.command}: error: a write failed ({why}{f': {where}' if where else ''}); "
             f"{fix}, then run the same command",

@@ -32,11 +32,19 @@ def group_advantages(
     `A_i = (r_i - mean_g) / (std_g + eps)` with the unbiased std of group g, or `r_i - mean_g`
     when `normalize_std=False` (Dr. GRPO). Groups of size 1 and groups whose rewards are all
     equal get exactly 0 (not a rounding residue divided by `eps`). Group ids must identify the
-    prompt uniquely: pooling two prompts into one group is a silent bug.
+    prompt uniquely: pooling two prompts into one group is a silent bug. A reward that is NaN
+    or infinite is an error naming its row (it would poison its group).
     """
     if rewards.dim() != 1:
         raise ValueError(f"rewards must be 1-D [B], got shape {tuple(rewards.shape)}")
     r = rewards.to(torch.float32) if not rewards.is_floating_point() else rewards
+    finite = torch.isfinite(r)
+    if not bool(finite.all()):  # one NaN would make its whole group's advantages NaN
+        bad = (~finite).nonzero().flatten()
+        raise ValueError(
+            f"rewards: {bad.numel()} of {r.numel()} are not finite (row {int(bad[0])}: "
+            f"{float(r[bad[0]])}); a reward function returned NaN or Inf"
+        )
     idx = group_index(group_ids, device=r.device)
     if idx.numel() != r.numel():
         raise ValueError(f"{r.numel()} rewards but {idx.numel()} group ids")

@@ -10,11 +10,12 @@ type, default, range and help exist once. Equation numbers are those of the pape
 from __future__ import annotations
 
 import dataclasses
+import functools
 import typing
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, TypeAdapter, ValidationError
 
 from llds.algo.kl import KLKind
 from llds.algo.llds import Gate, LLDSAggregation, answer_weight_schedule
@@ -151,6 +152,28 @@ class AlgoConfig:
     filter_void_turns: bool = False
     """leave out of the loss every rollout with a void turn, one that emitted neither a search
     nor an answer (SimpleTIR, arXiv 2509.02479); its group's advantages are computed first"""
+
+
+# ------------------------------------------------------------------ the functions' arguments
+
+
+def check_arguments(cls: type, where: str, **values: Any) -> None:
+    """Refuse an argument of a loss function outside the bounds its config field declares
+    (`clip_low` of `policy_loss` as `algo.clip_low`), so that the Python API and the command
+    line take the same values: one `ConfigError` naming the function and the argument."""
+    for name, value in values.items():
+        try:
+            _field_adapter(cls, name).validate_python(value)
+        except ValidationError as exc:
+            why = exc.errors()[0]["msg"]
+            key = f"{getattr(cls, SECTION_KEY)}.{name}"
+            raise ConfigError(f"{where}: {name}: {why}, got {value!r} (as {key})") from None
+
+
+@functools.cache
+def _field_adapter(cls: type, name: str) -> TypeAdapter[Any]:
+    info = cls.__pydantic_fields__[name]  # type: ignore[attr-defined]
+    return TypeAdapter(Annotated[info.annotation, info])
 
 
 # ------------------------------------------------------------------ adapters' view of LLDSConfig

@@ -97,6 +97,9 @@ def llds_loss(
     Note `d == 0` on the first optimizer step of a rollout batch (pi_theta == pi_old), so LLDS
     acts from the second step on.
     """
+    from llds.algo.config import LLDSConfig, check_arguments  # config imports this module
+
+    check_arguments(LLDSConfig, "llds_loss", coef=coef, answer_weight=answer_weight)
     if aggregation not in LLDS_AGGREGATIONS:
         raise ValueError(
             f"LLDS aggregation must be one of {LLDS_AGGREGATIONS}, got {aggregation!r}"

@@ -49,6 +49,9 @@ def policy_loss(
     aggregation; None leaves the loss untouched. Returns the aggregated loss and detached
     statistics (no host sync).
     """
+    from llds.algo.config import AlgoConfig, check_arguments  # config imports this module
+
+    check_arguments(AlgoConfig, "policy_loss", clip_low=clip_low, clip_high=clip_high)
     if clip_high is None:
         clip_high = clip_low
     mask = loss_mask.bool()

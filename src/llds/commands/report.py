@@ -26,6 +26,19 @@ REST = ("runs", ", and run directories")
 def run(cfg: Any, args: argparse.Namespace) -> int:
     from llds.report.html import write_report
 
+    cfg.runs = [run_folder(run) for run in cfg.runs]
     path = write_report(cfg.runs, cfg.out_dir(), labels=cfg.labels)
     print(f"report written to {path}")
     return 0
+
+
+def run_folder(run: str) -> str:
+    """A native run's log given for its run (`RUN/metrics.jsonl`, `.gz`) -> `RUN`."""
+    from pathlib import Path
+
+    from llds.runs.tracking import METRICS_FILE
+
+    path = Path(run)
+    if path.is_file() and path.name in (METRICS_FILE, f"{METRICS_FILE}.gz"):
+        return str(path.parent)
+    return run

@@ -47,13 +47,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(cfg: Any, args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from llds.errors import ConfigError
     from llds.logs import setup_logging
+    from llds.retrieval.factory import url_hint
     from llds.train.config import check_inputs
 
+    source = cfg.retriever.source or ""
+    if url_hint(source) and not Path(source).exists():  # `localhost:8000`: not a missing file
+        raise ConfigError(f"retriever.source: {source} is not a file or folder{url_hint(source)}")
     check_inputs(cfg)
     setup_logging(cfg.logging.verbose)
     from llds.train import run as train_run
 
     train_run(cfg, resume=not args.no_resume, allow_config_change=args.allow_config_change)
-    print(f"run written to {cfg.run_dir} (metrics.jsonl, tensorboard/, checkpoints/)")
+    written = [
+        "metrics.jsonl",
+        *(["tensorboard/"] if cfg.logging.tensorboard else []),
+        "checkpoints/",
+    ]
+    print(f"run written to {cfg.run_dir} ({', '.join(written)})")
     return 0

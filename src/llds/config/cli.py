@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
+import os
 import re
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -151,6 +152,22 @@ def existing_paths(cfg: Any, skip: Sequence[str] = (), prefix: str = "") -> list
             if isinstance(item, str) and item and "://" not in item and _exists(item):
                 found.append((key if item is value else f"{key}[{i}]", item))
     return found
+
+
+def threads_warning(cfg: Any) -> str | None:
+    """A warning for a config's `threads` above the CPU cores this process may run on (the
+    affinity mask: a container's or a batch job's share, not the machine's): threads past the
+    cores make every step slower, not faster. None when it fits or is not set."""
+    threads = getattr(cfg, "threads", None)
+    if not isinstance(threads, int):
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if cores is None or threads <= cores:
+        return None
+    return (
+        f"threads={threads} is more than the {cores} CPU core(s) this process may use; threads "
+        f"past the cores make each step slower, not faster (threads={cores} or fewer)"
+    )
 
 
 def _exists(text: str) -> bool:

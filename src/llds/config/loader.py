@@ -50,10 +50,57 @@ class Override:
     parsed: Any
 
 
+class Sexagesimal(str):
+    """A plain scalar such as `3:1` that YAML 1.1 reads as a base-60 number (181): kept as its
+    text, so that a text key takes it as written and any other key names the trap."""
+
+    def reading(self) -> int | float:
+        """What YAML 1.1 makes of it."""
+        digits = [float(part) for part in self.lstrip("+-").replace("_", "").split(":")]
+        value: float = 0.0
+        for digit in digits:
+            value = value * 60 + digit
+        sign = -1 if self.startswith("-") else 1
+        return sign * (int(value) if value.is_integer() and "." not in self else value)
+
+
+class _Yaml11Loader(yaml.SafeLoader):
+    """YAML's safe loader, but base-60 numbers stay text (`Sexagesimal`)."""
+
+
+def _number(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> Any:
+    text = loader.construct_scalar(node)
+    if ":" in str(text):
+        return Sexagesimal(text)
+    if node.tag.endswith(":int"):
+        return yaml.SafeLoader.construct_yaml_int(loader, node)
+    return yaml.SafeLoader.construct_yaml_float(loader, node)
+
+
+_Yaml11Loader.add_constructor("tag:yaml.org,2002:int", _number)
+_Yaml11Loader.add_constructor("tag:yaml.org,2002:float", _number)
+
+
+def _sexagesimal(data: Any, prefix: str = "") -> tuple[str, Sexagesimal] | None:
+    """The dotted key and text of the first base-60 scalar in `data` (a key or a value)."""
+    items = data.items() if isinstance(data, Mapping) else enumerate(data)
+    for key, value in items:
+        where = f"{prefix}[{key}]" if not isinstance(data, Mapping) else f"{prefix}{key}"
+        if isinstance(key, Sexagesimal):
+            return prefix.rstrip("."), key
+        if isinstance(value, Sexagesimal):
+            return where, value
+        if isinstance(value, Mapping | list):
+            inner = _sexagesimal(value, f"{where}." if isinstance(value, Mapping) else where)
+            if inner is not None:
+                return inner
+    return None
+
+
 def parse_override(raw: str) -> Override:
     """The text after `=`, with its YAML reading (the text itself when it is not YAML)."""
     try:
-        parsed = yaml.safe_load(raw) if raw.strip() else ""
+        parsed = yaml.load(raw, Loader=_Yaml11Loader) if raw.strip() else ""
     except yaml.YAMLError:
         parsed = raw  # not YAML: only a text field can take it
     return Override(raw, parsed)
@@ -237,7 +284,7 @@ class _DuplicateKey(Exception):
         super().__init__(f"line {line}: key {key!r} appears twice in one mapping")
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
+class _UniqueKeyLoader(_Yaml11Loader):
     """YAML's safe loader, refusing a mapping that repeats a key (plain YAML keeps the last)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
@@ -382,6 +429,15 @@ def build(cls: type[T], got: Gathered) -> T:
     try:
         cfg = _adapter(cls).validate_python(got.data)
     except ValidationError as exc:
+        trap = _sexagesimal(got.data)
+        if trap is not None:  # YAML 1.1 would have read it as a number: name why it fails
+            key, text = trap
+            source = got.source_of(key)
+            raise ConfigError(
+                f"{f'{source}: ' if source else ''}{key}: {text!r} is what YAML 1.1 reads as "
+                f"the base-60 number {text.reading()}; for a mapping write a space after the "
+                f"colon ({{{text.replace(':', ': ')}}}), for text quote it"
+            ) from None
         raise config_error(exc, cls, source_of=got.source_of) from None
     collected = _COLLECT_MISSING.get()
     for key, why in missing(cfg):

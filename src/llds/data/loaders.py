@@ -28,19 +28,46 @@ _QUESTION_MARKER = "Question:"
 
 
 def _answers(value: Any, where: str) -> tuple[str, ...]:
-    """Gold answers from a list, a single string or a numpy array (pandas-written parquet)."""
+    """Gold answers from a list, a single string or a numpy array (pandas-written parquet). A
+    list stored as JSON text (`'["Vutok"]'`, common after a CSV round trip) is read as that
+    list; numbers are answers as written (`1990.0` stored as a float is "1990")."""
     if hasattr(value, "tolist"):
         value = value.tolist()
-    if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+    if isinstance(value, str | int | float) and not isinstance(value, bool):
         value = [value]
-    if not isinstance(value, (list, tuple)):
+    if not isinstance(value, list | tuple):
         raise DataFormatError(
             f"{where}: answers must be a list or a string, got {type(value).__name__}"
         )
-    answers = tuple(str(a).strip() for a in value if a is not None and str(a).strip())
+    texts = [t for a in value for t in _answer_texts(a, where)]
+    answers = tuple(t for t in texts if t)
     if not answers:
         raise DataFormatError(f"{where}: no non-empty gold answer")
     return answers
+
+
+def _answer_texts(answer: Any, where: str) -> list[str]:
+    """One stored answer as text: a JSON list in a string gives its items, a float that is
+    a whole number its digits, a missing value (None, NaN) nothing."""
+    if answer is None or (isinstance(answer, float) and answer != answer):
+        return []
+    if isinstance(answer, float):
+        return [str(int(answer)) if answer.is_integer() else repr(answer)]
+    text = str(answer).strip()
+    if not (text.startswith("[") and text.endswith("]")):
+        return [text]
+    try:
+        items = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DataFormatError(
+            f"{where}: {text[:60]!r} looks like a JSON list but is not valid JSON ({exc.msg}); "
+            "store the answers as a list, or without the brackets"
+        ) from None
+    if not isinstance(items, list) or not all(
+        isinstance(a, str | int | float) and not isinstance(a, bool) for a in items
+    ):
+        raise DataFormatError(f"{where}: {text[:60]!r} is JSON text but not a list of answers")
+    return [t for a in items for t in _answer_texts(a, where)]
 
 
 def _question_from_prompt(prompt: Any, where: str) -> str:

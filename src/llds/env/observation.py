@@ -38,6 +38,11 @@ def _token_ends(tokenizer: Any, text: str) -> list[int] | None:
     return None if offsets is None else [int(end) for _, end in offsets]
 
 
+MAX_CHARS_PER_TOKEN = 32
+"""characters a token of a text tokenizer spans at most, in practice (English averages about
+4): text further than this many characters per kept token is cut before it is tokenized"""
+
+
 def truncate_to_tokens(text: str, tokenizer: Any, max_tokens: int) -> str:
     """The longest prefix of `text` we find that encodes to at most `max_tokens` tokens.
 
@@ -47,6 +52,9 @@ def truncate_to_tokens(text: str, tokenizer: Any, max_tokens: int) -> str:
     """
     if max_tokens < 0:
         raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
+    # a token is rarely more than a few characters: what lies past this bound can never be
+    # kept, and tokenizing it (a 12 MB passage) would cost a minute per search
+    text = text[: (max_tokens + 1) * MAX_CHARS_PER_TOKEN]
     ids = _encode(tokenizer, text)
     if len(ids) <= max_tokens:
         return text
