@@ -27,6 +27,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from llds import __version__, commands
 from llds.config.cli import (
@@ -138,6 +139,24 @@ def _outputs(module: ModuleType) -> tuple[str, ...]:
     return (*getattr(module, "OUTPUT_DIRS", ()), *getattr(module, "OUTPUT_FILES", ()))
 
 
+def _subcommand(name: str, module: ModuleType, rest: list[str]) -> tuple[str, Any, list[str]]:
+    """`llds monitor replay ...`: a command module with `SUBCOMMANDS` (word -> a namespace
+    declared like a command module) dispatches on its first word; without one, its words are
+    listed and the module is None."""
+    subs = getattr(module, "SUBCOMMANDS", None)
+    if subs is None:
+        return name, module, rest
+    if rest and rest[0] in subs:
+        return f"{name} {rest[0]}", subs[rest[0]], rest[1:]
+    words = "\n".join(f"  {word:<8} {sub.HELP}" for word, sub in subs.items())
+    help_asked = rest[:1] in (["-h"], ["--help"])
+    print(
+        f"usage: llds {name} {{{','.join(subs)}}} ...\n\n{module.HELP}\n\n{words}",
+        file=sys.stdout if help_asked else sys.stderr,
+    )
+    return name, None, rest
+
+
 def _field(cfg: object, key: str) -> object:
     """The value of a dotted key of a config (`out`, `run_dir`)."""
     for part in key.split("."):
@@ -169,8 +188,11 @@ def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     modules = _command_modules()
     if argv and argv[0] in modules:
+        name, module, rest = _subcommand(argv[0], modules[argv[0]], argv[1:])
+        if module is None:  # `llds monitor` without one of its words: they were listed
+            return 0 if rest[:1] in (["-h"], ["--help"]) else 2
         # options and KEY=VALUE overrides may come in any order: `llds report a b --out o c=d`
-        args = command_parser(argv[0], modules[argv[0]]).parse_intermixed_args(argv[1:])
+        args = command_parser(name, module).parse_intermixed_args(rest)
     else:  # no command first: --version, --help, a misspelt command, or nothing
         parser = build_parser()
         parser.parse_args(argv)

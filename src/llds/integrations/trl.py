@@ -25,6 +25,7 @@ import logging
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -37,6 +38,7 @@ from llds.algo.llds import Gate, LLDSAggregation
 from llds.env.rewards import FormatRewardConfig, compute_reward, score_answer
 from llds.errors import ConfigError, DataFormatError
 from llds.metrics import VALID_SEARCHES
+from llds.monitor.framework_logs import TRL_NAMES, LoggedMonitor
 from llds.monitor.likelihood import (
     displacement_metrics,
     likelihood_metrics,
@@ -44,10 +46,13 @@ from llds.monitor.likelihood import (
     pool_shares,
 )
 from llds.monitor.mismatch import correction_metrics, mismatch_metrics
+from llds.monitor.replay import load_monitor_config
+from llds.monitor.settings import MonitorConfig
 from llds.monitor.turns import turn_metrics, void_turn_count
 from llds.retrieval.base import Retriever
 from llds.rollout import RolloutConfig, RolloutEngine, RolloutRequest
 from llds.rollout.batch import Episode
+from llds.train.rollback import decide
 
 log = logging.getLogger(__name__)
 
@@ -125,10 +130,31 @@ class LLDSGRPOConfig(GRPOConfig):
     llds_log_lld_metrics: bool = field(
         default=True, metadata={"help": "Log lld/* likelihood and displacement metrics."}
     )
+    llds_alarms: bool = field(
+        default=True,
+        metadata={
+            "help": "Raise the monitor's collapse alarms on the logged training metrics, as the "
+            "native trainer does: each a warning in the log and a line in "
+            "OUTPUT_DIR/alarms.jsonl (docs/diagnostics.md)."
+        },
+    )
+    llds_monitor_config: str | None = field(
+        default=None,
+        metadata={
+            "help": "A YAML file whose `monitor:` section sets the alarms (the run config's "
+            "section, as `llds train --print-config` shows it); None: the defaults."
+        },
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _ = self.llds  # a bad llds_* value fails here, with its name
+        _ = self.llds_monitor  # so does a bad `llds_monitor_config`, naming its file and key
+
+    @property
+    def llds_monitor(self) -> MonitorConfig:
+        """The alarms' settings `llds_monitor_config` names (read from its file)."""
+        return load_monitor_config(self.llds_monitor_config)
 
     @property
     def llds(self) -> LLDSConfig:
@@ -203,6 +229,10 @@ class LLDSGRPOTrainer(GRPOTrainer):
         self._llds_rewards: Tensor | None = None
         self._llds_premb: dict[str, list[dict[str, float]]] = {"train": [], "eval": []}
         a = self.args
+        self.llds_alarm_monitor = (
+            LoggedMonitor(a.llds_monitor, TRL_NAMES) if a.llds_alarms else None
+        )
+        """the collapse alarms on the logged training metrics (None: `llds_alarms=False`)"""
         if a.llds.active_coef > 0 and not llds_can_act(
             a.gradient_accumulation_steps, a.steps_per_generation, self.num_iterations
         ):
@@ -346,12 +376,18 @@ class LLDSGRPOTrainer(GRPOTrainer):
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         """TRL's log, with the `lld/premb_*` shares pooled over the logging interval (counts
-        summed, not a mean of per-micro-batch shares)."""
+        summed, not a mean of per-micro-batch shares); then the training metrics it logged (TRL
+        adds its averages to `logs`) go to the alarm monitor."""
         mode = "train" if self.model.training else "eval"
         parts, self._llds_premb[mode] = self._llds_premb[mode], []
         for key, value in pool_shares(parts).items() if parts else ():
             self._metrics[mode][PREMB + key.removeprefix("lld/")] = [value]
         super().log(logs, start_time)
+        if mode == "train" and self.llds_alarm_monitor is not None:
+            alarms = self.llds_alarm_monitor.update(self.state.global_step, logs)
+            if alarms:
+                out = Path(self.args.output_dir)
+                decide(alarms, "warn", out, write=self.accelerator.is_main_process)
 
 
 def premb_share_parts(per_token_logps: Tensor, inputs: Mapping[str, Any]) -> dict[str, float]:

@@ -50,8 +50,10 @@ from llds import metrics as keys
 from llds.algo import LLDSConfig, llds_term, policy_loss
 from llds.algo.config import engine_fields, from_engine
 from llds.errors import ConfigError
+from llds.monitor.framework_logs import VERL_NAMES, LoggedMonitor
 from llds.monitor.likelihood import lld_share_metrics
 from llds.monitor.mismatch import correction_metrics
+from llds.monitor.replay import load_monitor_config
 
 LOSS_NAME = "llds"
 CONFIG_TARGET = "llds.integrations.verl.LLDSPolicyLossConfig"
@@ -386,6 +388,15 @@ def _policy_loss_config_class() -> type:
     return LLDSPolicyLossConfig
 
 
+def alarm_monitor(monitor_config: str | None = None) -> LoggedMonitor:
+    """The collapse alarms on a veRL run, for its driver: call `.update(step, metrics)` once
+    per training step with the metrics dict veRL's trainer logs (`RayPPOTrainer.fit` hands it
+    to its tracker); it returns the alarms newly raised. `monitor_config`: a YAML file whose
+    `monitor:` section sets them, as for the native trainer; None: the defaults. Without such
+    a call the alarms are replayed afterwards with `llds monitor replay` on veRL's log."""
+    return LoggedMonitor(load_monitor_config(monitor_config), VERL_NAMES)
+
+
 def __getattr__(name: str) -> Any:
     if name == "LLDSPolicyLossConfig":
         return _policy_loss_config_class()
@@ -407,6 +418,7 @@ __all__ = [
     "FIRST_UPDATE_REFUSAL",
     "LOSS_NAME",
     "VERL_DEFAULTS",
+    "alarm_monitor",
     "base_loss_mode",
     "check_rollout_correction",
     "check_verl_config",

@@ -104,25 +104,39 @@ def _newest_trainer_state(run_dir: Path) -> Path | None:
     return states[-1] if states else None
 
 
-def load_config(run_dir: str | Path) -> dict[str, Any] | None:
-    """The run's saved training config as a nested dict, or None when it saved none."""
+def saved_config(run_dir: str | Path) -> tuple[dict[str, Any] | None, Path | None]:
+    """`(the run's saved training config as a nested dict, the file it came from)`, or
+    `(None, None)` when it saved none."""
     run = Path(run_dir)
     if (run / CONFIG_FILE).is_file():
         data, where = _read_yaml(run / CONFIG_FILE), run / CONFIG_FILE
     else:
         state = _newest_trainer_state(run)
         if state is None:
-            return None
+            return None, None
         try:
             data = json.loads(state.read_text(encoding="utf-8")).get("config")
         except (json.JSONDecodeError, AttributeError) as exc:
             raise DataFormatError(f"{state}: not a trainer state ({exc})") from exc
         where = state
         if data is None:
-            return None
+            return None, None
     if not isinstance(data, Mapping):
         raise DataFormatError(f"{where}: the config is not a mapping")
-    return dict(data)
+    return dict(data), where
+
+
+def load_config(run_dir: str | Path) -> dict[str, Any] | None:
+    """The run's saved training config as a nested dict, or None when it saved none."""
+    return saved_config(run_dir)[0]
+
+
+def saved_monitor(run_dir: str | Path) -> tuple[dict[str, Any] | None, Path | None]:
+    """`(the monitor section of the run's saved config, the file)`; `(None, file)` when the
+    config was saved before the monitor had settings, `(None, None)` with no saved config."""
+    config, where = saved_config(run_dir) if Path(run_dir).is_dir() else (None, None)
+    section = (config or {}).get("monitor")
+    return (dict(section) if isinstance(section, Mapping) else None), where
 
 
 def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

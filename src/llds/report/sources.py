@@ -7,6 +7,8 @@ logging step) at the top of its output directory or in its newest
 line, `{"step": N, "data": {metric: value}}`; the TensorBoard logger writes event files. Each
 reader returns rows shaped like the native log (`step` plus metrics) with the frameworks' names
 mapped onto the native ones, so the same phases, alarms, panels and attribution apply.
+The name tables and `map_row` are the monitor's (`llds.monitor.framework_logs`), so the live
+alarms inside TRL and the report read a framework's log alike.
 """
 
 from __future__ import annotations
@@ -18,49 +20,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from llds import metrics as keys
-from llds.errors import DataFormatError, UserInputError
 from llds.report.study_logs import COMMITTED_LOG, run_rows
+
+from llds.errors import DataFormatError, UserInputError
+from llds.monitor.framework_logs import TRL_NAMES, VERL_NAMES, map_row
 from llds.runs.tracking import METRICS_FILE
 
 SourceKind = Literal["native", "trl", "verl-jsonl", "tensorboard"]
 
 TRL_STATE = "trainer_state.json"
 EVENTS_GLOB = "events.out.tfevents.*"
-
-TRL_NAMES: dict[str, str] = {
-    "reward": keys.REWARD_MEAN,
-    "entropy": keys.ENTROPY,
-    "kl": keys.KL,
-    "grad_norm": keys.GRAD_NORM,
-    "completions/mean_length": keys.RESPONSE_TOKENS,
-    "clip_ratio/low_mean": "policy/clip_frac_low",
-    "clip_ratio/high_mean": "policy/clip_frac_high",
-    "sampling/sampling_logp_difference/max": "mismatch/abs_logp_diff_max",
-    "sampling/sampling_logp_difference/mean": "mismatch/abs_logp_diff_mean",
-}
-"""TRL 1.16's GRPO metric names -> the report's (its `sampling/*` differences between the vLLM
-sampler and the trained policy are the mismatch's absolute log-prob differences)."""
-
-VERL_NAMES: dict[str, str] = {
-    "critic/score/mean": keys.REWARD_MEAN,
-    "actor/entropy": keys.ENTROPY,
-    "actor/grad_norm": keys.GRAD_NORM,
-    "actor/ppo_kl": "policy/approx_kl",
-    "actor/pg_clipfrac": "policy/clip_frac_high",
-    "actor/pg_clipfrac_lower": "policy/clip_frac_low",
-    "actor/kl_loss": keys.KL,
-    "response_length/mean": keys.RESPONSE_TOKENS,
-    "rollout_corr/k3_kl": "mismatch/k3_kl",
-    "rollout_corr/chi2_token": "mismatch/chi2_token",
-    "rollout_corr/rollout_is_mean": "mismatch/is_weight_mean",
-}
-"""veRL 0.9's metric names -> the report's. `critic/score/mean` is the task reward before any
-KL penalty (`critic/rewards/mean` has it subtracted), the native `reward/mean`; its rollout
-correction's `rollout_corr/*` statistics are the mismatch's."""
-
-NATIVE_AREAS = ("reward/", "rollout/", "policy/", "optim/", "llds/", "lld/", "mismatch/", "turns/")
-"""Names already in the report's form: they pass unchanged (the adapters log them so)."""
 
 
 @dataclass(frozen=True)
@@ -69,53 +38,6 @@ class MetricSource:
 
     kind: SourceKind
     path: Path
-
-
-FLAT_AREAS = ("llds", "lld", "mismatch", "turns")
-"""Areas the veRL loss flattens into `actor/AREA_name` (veRL's metric names take one `/`)."""
-
-
-def _native_name(name: str, table: Mapping[str, str]) -> str | None:
-    """The report's name of one logged metric (None: not one the report reads).
-
-    `actor/llds_gate_frac` -> `llds/gate_frac`, `actor/mismatch_k3_kl` -> `mismatch/k3_kl` (the
-    veRL loss's flattened names); `actor/lld/...`, `train/lld/...` -> `lld/...` (a framework's
-    area prefix in front of one of ours)."""
-    if name in table:
-        return table[name]
-    for prefix in ("actor/", "train/"):
-        for area in FLAT_AREAS:
-            if name.startswith(f"{prefix}{area}_"):
-                return f"{area}/" + name.removeprefix(f"{prefix}{area}_")
-        if name.startswith(prefix) and name.removeprefix(prefix).startswith(NATIVE_AREAS):
-            return name.removeprefix(prefix)
-    return name if name.startswith(NATIVE_AREAS) else None
-
-
-def map_row(step: int, metrics: Mapping[str, Any], table: Mapping[str, str]) -> dict[str, Any]:
-    """One row in the report's names: numbers only; a name logged under both its own and a
-    framework's name keeps its own (the adapter's value is the one the docs define)."""
-    row: dict[str, Any] = {"step": step}
-    direct: set[str] = set()
-    for name, value in metrics.items():
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            continue
-        native = _native_name(name, table)
-        if native is None or native in direct:
-            continue
-        row[native] = value
-        if native == name:
-            direct.add(native)
-    _premb_share(row)
-    return row
-
-
-def _premb_share(row: dict[str, Any]) -> None:
-    """veRL's loss logs the counts of the pre-mini-batch LLD share (its per-micro-batch means
-    pool correctly, a share would not): the step's share is their ratio."""
-    fell, pos = row.get("lld/premb_n_pos_fell"), row.get("lld/premb_n_pos")
-    if "lld/premb_share_pos_fell" not in row and fell is not None and pos:
-        row["lld/premb_share_pos_fell"] = fell / pos
 
 
 def _merge_by_step(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
