@@ -33,7 +33,7 @@ def _log(msg: str) -> None:
 # ------------------------------------------------------------------ warm start
 def build_warm_start() -> None:
     """The demo's world and warm start (seed 0), copied into `warm/` with their checksums."""
-    from llds.demo import DemoConfig, run_demo
+    from llds.demo import DemoConfig, evaluate_model, run_demo
 
     work = S.WORK / "warm"
     if not (work / "sft" / "model").is_dir():
@@ -45,8 +45,11 @@ def build_warm_start() -> None:
     for name in ("sft_report.json", "sft_metrics.jsonl"):
         if (work / "sft" / name).is_file():
             shutil.copy2(work / "sft" / name, S.WARM / "sft" / name)
+    start = S.WARM / "eval" / "step_0.json"
+    if not start.is_file():  # the warm start's held-out EM, as every run measures it
+        evaluate_model(S.WARM / "sft" / "model", S.WARM, start, S.EVAL_LIMIT)
     (S.WARM / "SHA256SUMS").write_text("\n".join(S.sha256_lines(S.WARM)) + "\n", "utf-8")
-    _log(f"warm start in {S.WARM}")
+    _log(f"warm start in {S.WARM}: held-out EM {json.loads(start.read_text())['overall']['em']}")
 
 
 # ------------------------------------------------------------------ one run

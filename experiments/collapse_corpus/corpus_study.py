@@ -31,11 +31,14 @@ ABRUPT_BEFORE = 30
 LR_RAMP = 100
 """steps over which the `lr` cause climbs to its peak"""
 
+EVAL_LIMIT = 60
+"""held-out questions of every evaluation"""
+
 RECIPE = [
     "algo.llds.enabled=false",
     f"steps={ONSET}",
     "eval_every=10",
-    "data.eval_limit=60",
+    f"data.eval_limit={EVAL_LIMIT}",
     "save_every=50",
     "keep_checkpoints=2",
     "threads=1",
