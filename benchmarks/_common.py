@@ -7,7 +7,7 @@ import statistics
 import time
 from collections.abc import Callable
 
-from llds.studies.machine import machine
+from llds.analysis.machine import machine
 
 __all__ = [
     "SINGLE_TURN_TEMPLATE",

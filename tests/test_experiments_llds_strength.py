@@ -13,9 +13,9 @@ import tarfile
 from pathlib import Path
 
 from conftest import comparable, planned_runs, tiny_trainer, write_run_inputs
+from llds.analysis.machine import cpu_name
 from llds.runs.folder_archive import pack_folder
 from llds.runs.tracking import read_metrics
-from llds.studies.machine import cpu_name
 
 STUDY = Path(__file__).resolve().parents[1] / "experiments" / "llds_strength"
 

@@ -14,7 +14,7 @@ import pytest
 
 from llds.models.gguf_parts import join_parts, split_file
 from llds.runs.eval_result import EvalRecord, EvalResult, eval_file
-from llds.studies.smollm2_wiki import binomial_se, study_answer
+from smollm2_wiki.answer import binomial_se, study_answer
 
 FOLDER = Path(__file__).resolve().parents[1] / "experiments" / "smollm2_wiki"
 

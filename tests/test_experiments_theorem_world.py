@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from conftest import planned_runs
-from llds.studies import theorem_study as tables
+from theorem_world import theorem_study as tables
 
 STUDY = Path(__file__).resolve().parents[1] / "experiments" / "theorem_world"
 
@@ -188,7 +188,7 @@ def _batch_of(groups: list[list[int]]) -> Any:
 
 
 def test_smollm2_probe_counts_high_accuracy_mixed_groups_and_stops_on_enough() -> None:
-    from llds.studies import warm_start as probe
+    from theorem_world import warm_start_report as probe
 
     # 3 of 4 right counts; 2 of 4 (half) is low; 4 of 4 and 0 of 4 are not mixed
     first = _batch_of([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]])
@@ -203,7 +203,7 @@ def test_smollm2_probe_counts_high_accuracy_mixed_groups_and_stops_on_enough() -
 
 
 def test_search_decline_table_reads_a_run_log_by_hand(tmp_path: Path) -> None:
-    from llds.studies import search_decline_table as search_decline
+    from theorem_world import search_decline_table as search_decline
 
     # reward 0.6 until step 60, then 0.2: the 10-step median is 0.4 at step 65 (five of each)
     # and 0.2 from step 66, so the collapse is at 66. Searches 1.6 per rollout until step 40,
@@ -239,17 +239,6 @@ def test_window_means_of_reward_and_searches_by_hand() -> None:
         r["rollout/valid_searches"] = 2.0  # steps 1-10 only: the window's mean is over those
     assert tables.window_means(rows, "reward/mean", steps=75) == pytest.approx([0.2, 0.6, None])
     assert tables.window_means(rows, "rollout/valid_searches", steps=50) == [2.0, None]
-
-
-def test_seed_spread_gives_median_mean_and_standard_error_by_hand() -> None:
-    got = tables.seed_spread([0.0, 0.585, 0.355])
-    # mean 0.94/3; squared deviations 0.098178 + 0.073803 + 0.001736 = 0.173717;
-    # s.d.^2 = 0.173717 / 2; se = sqrt(0.0868583 / 3)
-    assert got["median"] == pytest.approx(0.355)
-    assert got["mean"] == pytest.approx(0.313333, abs=1e-6)
-    assert got["se"] == pytest.approx(0.170155, abs=1e-6)
-    assert tables.seed_spread([0.4])["se"] is None
-    assert tables.seed_spread([])["median"] is None
 
 
 def test_arm_over_seeds_keeps_every_complete_seed_and_leaves_partial_ones_out() -> None:

@@ -19,7 +19,7 @@ from llds.monitor.alarms import (
 )
 from llds.monitor.phases import PhaseConfig, PhaseTracker, detect_phases, phase_spans
 from llds.monitor.robust import diff_noise, mad_sigma, median, spike_score, theil_sen, trend
-from llds.report.synthetic import synthetic_rows
+from synthetic_logs import synthetic_rows
 
 # With the defaults (window W=20, K=5, min slope 0.002) and a noiseless likelihood that is flat
 # up to step 60 and then falls by s per step, the Theil-Sen slope over the window ending at

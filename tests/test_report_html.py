@@ -34,8 +34,8 @@ from llds.report.plots import (
     moving_average,
     smoothing_width,
 )
-from llds.report.synthetic import synthetic_rows
 from llds.report.text import curves_caption, heldout_caption, reference_caption
+from synthetic_logs import synthetic_rows
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

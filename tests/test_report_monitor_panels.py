@@ -9,7 +9,7 @@ import math
 from llds import metrics as keys
 from llds.monitor.phases import detect_phases
 from llds.report.plots import MONITOR_PANELS, Panel, RunSeries, draw_comparison, panel_series
-from llds.report.synthetic import synthetic_rows
+from synthetic_logs import synthetic_rows
 
 
 def _run(rows):

@@ -16,7 +16,7 @@ from llds.io import write_json, write_jsonl
 from llds.report import sources
 from llds.report.html import load_run, write_report
 from llds.report.plots import RunSeries, draw_comparison
-from llds.report.synthetic import synthetic_rows
+from synthetic_logs import synthetic_rows
 
 NATIVE_TO_TRL = {
     "reward/mean": "reward",

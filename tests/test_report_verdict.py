@@ -10,8 +10,8 @@ from llds.monitor.phases import detect_phases
 from llds.report import html as report_mod
 from llds.report.attribution import COLLAPSE, MECHANISMS, STABILIZERS, run_events
 from llds.report.run_info import EvalPoint, HeldOut
-from llds.report.synthetic import synthetic_rows
 from llds.report.text import verdict
+from synthetic_logs import synthetic_rows
 
 
 def _summary(rows, held_out=None):

@@ -7,7 +7,7 @@ reward's fall from its peak, ...), a causal rolling median over the last `window
 alarm that fires the first time it crosses a threshold. Every threshold is tried on all runs at
 once, so the best row per signal is what that signal could do at most on these runs: if no
 threshold meets the goal here, no alarm on that signal can meet it out of sample either
-(`llds.studies.alarm_ceiling`).
+(`lld_study.ceiling`).
 
 The goal is the LLD study's: a median lead of at least 20 steps over the runs with an event, and
 no alarm in a run without one. A run's event is the earlier of its collapse (the study's
@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
-from llds.report.study_logs import arm_dir_name, read_committed_metrics
-from llds.studies.alarm_ceiling import (
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: the studies' modules
+from lld_study.ceiling import (
     GOAL_LEAD,
     SIGNALS,
     Run,
@@ -36,6 +37,7 @@ from llds.studies.alarm_ceiling import (
     rule,
     sweep,
 )
+from llds.analysis.study_logs import arm_dir_name, read_committed_metrics
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ORGANISM_START_EM = 0.558

@@ -20,8 +20,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from llds import metrics as keys
+from llds.analysis.study_logs import read_committed_metrics, run_logs, world_and_arm
 from llds.report.collapse import SMOOTH, collapsed_steps, median_window
-from llds.report.study_logs import read_committed_metrics, run_logs, world_and_arm
 
 DURATIONS = (20, 50)
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
-from llds.studies.arm_table import arm_rows, figure, markdown
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: the studies' modules
+from lld_study.arm_table import arm_rows, figure, markdown
 
 
 def main() -> None:

@@ -26,8 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _common import config_data, print_dry_run
-from llds.report.study_logs import last_step
-from llds.studies.study_tables import continued_table
+from lld_study.study_tables import continued_table
+from llds.analysis.study_logs import last_step
 
 HERE = Path(__file__).resolve().parent
 ARM_FILES = {"GRPO": "grpo.yaml", "GRPO_LLDS": "grpo-llds.yaml"}

@@ -19,7 +19,7 @@ contained. This script measures it directly:
         --study runs/lld-study --arms GRPO --out runs/heldout-drift
 
 Resumable (finished reruns and measured checkpoints are kept). The parts, readings and alarm are
-`llds.studies.heldout_drift`. Protocol: experiments/lld_study/PROTOCOL.md; results:
+`lld_study.chain_drift`. Protocol: experiments/lld_study/PROTOCOL.md; results:
 docs/results/lld-study.md, "`long-chains`: where did the held-out answers go?".
 """
 
@@ -36,15 +36,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _common import run_unfinished
-from llds.io import write_json
-from llds.studies.heldout_drift import (
+from lld_study.chain_drift import (
     chain_parts,
     compare_with_study,
     reading,
     reference_alarm,
     rows_of,
 )
-from llds.studies.machine import machine
+from llds.analysis.machine import machine
+from llds.io import write_json
 from study import ARMS, COLORS, arm_config, run_dir
 
 HELD_OUT = 120  # the study's held-out questions (its `data.eval_limit`)

@@ -28,9 +28,10 @@ from collections import defaultdict
 from pathlib import Path
 
 from llds import metrics as keys
+from llds.analysis.pooled import ShareSummary, summarize
+from llds.analysis.seeds import median_over_seeds
+from llds.analysis.study_logs import COMMITTED_LOG, read_committed_metrics, run_logs, world_and_arm
 from llds.report.collapse import LLD_WINDOW, SMOOTH, collapse_step, deepest_dip, median_window
-from llds.report.study_logs import COMMITTED_LOG, read_committed_metrics, run_logs, world_and_arm
-from llds.studies.pooled import ShareSummary, median_over_seeds, summarize
 
 HERE = Path(__file__).resolve().parent
 STUDIES = {

@@ -31,13 +31,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _common import config_data, print_dry_run
+from lld_study.study_summary import summarize_run
+from lld_study.study_tables import dip_table, probe_cells, share_table, table, variant_table
 from llds import metrics as keys
+from llds.analysis.eval_shares import EVAL_SHARES
+from llds.analysis.machine import machine
 from llds.report.collapse import SMOOTH, median_window
-from llds.report.eval_shares import EVAL_SHARES
 from llds.runs.eval_result import EvalResult, eval_file
-from llds.studies.machine import machine
-from llds.studies.study_summary import summarize_run
-from llds.studies.study_tables import dip_table, probe_cells, share_table, table, variant_table
 from study import (
     ARMS,
     COLORS,

@@ -18,7 +18,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _common import finished, run_unfinished
-from llds.report.study_logs import arm_dir_name
+from llds.analysis.study_logs import arm_dir_name
 from llds.runs.eval_result import EvalResult, eval_file
 from llds.train.config import TrainConfig, load_config
 

@@ -28,10 +28,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: the studies' modules
 from llds.io import write_json
-from llds.studies.strength_confirmation import (
+from llds_strength.strength_confirmation import (
     BASE_ARM,
     SEEDS,
     STEPS,
@@ -39,7 +41,7 @@ from llds.studies.strength_confirmation import (
     confirmation_summary,
     load_logs,
 )
-from llds.studies.strength_study import WARM_EM
+from llds_strength.strength_study import WARM_EM
 from run import HERE, WARM_EVAL, WARM_START_ARCHIVE, driver_arguments, execute, ordered_runs, plan
 
 SPEED = ("optim.micro_batch_tokens=4096", "optim.logprob_micro_batch_tokens=16384")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import matplotlib
@@ -18,8 +19,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from llds.studies.strength_confirmation import BASE_ARM, STEPS, load_logs
-from llds.studies.strength_study import DOSE_ARMS
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: the studies' modules
+from llds_strength.strength_confirmation import BASE_ARM, STEPS, load_logs
+from llds_strength.strength_study import DOSE_ARMS
 
 HERE = Path(__file__).resolve().parent
 DOCS = HERE.parents[1] / "docs" / "results"

@@ -31,13 +31,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _common import config_data, finished, print_dry_run, run_unfinished
+from llds.analysis.machine import machine
+from llds.analysis.study_logs import COMMITTED_LOG, read_committed_metrics
 from llds.io import write_json
-from llds.report.study_logs import COMMITTED_LOG, read_committed_metrics
 from llds.runs.folder_archive import pack_folder, unpack_folder
-from llds.studies.machine import machine
-from llds.studies.strength_study import ARMS, SEEDS, WARM_EM
 from llds.train.checkpoint import checkpoint_step, find_resumable, point_latest
 from llds.train.config import load_config
+from llds_strength.strength_study import ARMS, SEEDS, WARM_EM
 
 HERE = Path(__file__).resolve().parent
 MACHINES_LOG = "machines.jsonl"

@@ -7,10 +7,12 @@ per-step logs alone: `results/runs/ARM/seedN/metrics.jsonl.gz` -> `results/study
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: the studies' modules
 from llds.io import write_json
-from llds.studies.strength_study import load_logs, study_summary
+from llds_strength.strength_study import load_logs, study_summary
 
 HERE = Path(__file__).resolve().parent
 

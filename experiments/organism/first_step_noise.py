@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from llds.studies.machine import machine
+from llds.analysis.machine import machine
 from llds.train.config import load_config
 from llds.train.trainer import GRPOTrainer
 

@@ -27,11 +27,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from llds.analysis.machine import machine
 from llds.monitor.alarms import scan_alarms
 from llds.report.plots import moving_average
 from llds.runs.eval_result import EvalResult, eval_file
 from llds.runs.tracking import read_metrics
-from llds.studies.machine import machine
 from llds.train.background import run_queue
 from llds.train.config import TrainConfig, load_config
 

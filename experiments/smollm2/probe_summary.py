@@ -11,7 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
-from llds.studies.pooled import probe_fell
+from llds.analysis.pooled import probe_fell
 
 PROBES = Path(__file__).resolve().parent / "results" / "probe"
 

@@ -41,9 +41,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _common import config_data, finished, print_dry_run, run_unfinished
+from llds.analysis.machine import machine
+from llds.analysis.source_table import source_table
 from llds.runs.eval_result import eval_file
-from llds.studies.machine import machine
-from llds.studies.source_table import source_table
 from llds.train.config import TrainConfig, load_config
 
 TRAIN_LISTS = ("worldcapitals", "elements")
@@ -269,8 +269,8 @@ def probe_pairs(out: Path) -> str:
     """The protocol's LLDS question: on the same questions and rollouts, do fewer correct
     responses lose likelihood over 4 updates with LLDS than without? Also draws
     `OUT/probe/pairs.png`."""
+    from llds.analysis.probe_compare import compare_probes, plot_pairs
     from llds.probe.one_step import ProbeResult
-    from llds.studies.probe_compare import compare_probes, plot_pairs
 
     found = {}
     for name in ("4-updates", "4-updates-llds"):

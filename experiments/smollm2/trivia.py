@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from llds.analysis.machine import machine
 from llds.data.loaders import load_trivia_lists
 from llds.evaluation.evaluate import evaluate
 from llds.models import load_smollm2
@@ -32,7 +33,6 @@ from llds.rollout import RolloutConfig
 from llds.runs.eval_result import EvalResult
 from llds.sft.data import build_expert_episodes
 from llds.sft.trainer import sft_train
-from llds.studies.machine import machine
 
 
 def main() -> None:

@@ -223,9 +223,9 @@ def write_results(out: Path, results: Path, runs: dict[tuple[str, int], Any], st
     evaluations and alarms, its resolved config as `config.json`, and the warm start's
     evaluation), each written whole or not at all. The run folders stay on the machine (their
     checkpoints are far larger than what a GPU call returns), so the config travels here."""
+    from llds.analysis.source_table import source_table
     from llds.config.loader import to_dict
-    from llds.studies.smollm2_wiki import study_answer
-    from llds.studies.source_table import source_table
+    from smollm2_wiki.answer import study_answer
 
     dirs = {key: Path(cfg.run_dir) for key, cfg in runs.items()}
     step = max(cfg.steps for cfg in runs.values())
@@ -283,8 +283,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     results: Path = args.results or out
     out.mkdir(parents=True, exist_ok=True)
     results.mkdir(parents=True, exist_ok=True)
+    from llds.analysis.machine import machine
     from llds.runs.eval_result import eval_file
-    from llds.studies.machine import machine
 
     say(clock, results, "start", machine=machine(), argv=list(argv or sys.argv[1:]))
     world = None

@@ -25,9 +25,9 @@ import sys
 import time
 from pathlib import Path
 
+from llds.analysis.machine import machine
 from llds.config.loader import to_dict
 from llds.io import write_json
-from llds.studies.machine import machine
 
 STAGES = ("data", "index", "sft", "ready")
 

@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _common import config_data, print_dry_run, run_unfinished
 from llds.io import write_json
 from llds.runs.tracking import read_metrics
-from llds.studies.theorem_study import STEPS, calibration_summary, study_summary
 from llds.train.config import load_config
+from theorem_world.theorem_study import STEPS, calibration_summary, study_summary
 
 HERE = Path(__file__).resolve().parent
 ARMS = {"grpo": "base.yaml", "grpo-llds": "grpo-llds.yaml", "grpo-llds-ma": "grpo-llds-ma.yaml"}

@@ -21,10 +21,12 @@ runs under runs/theorem_world/study.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
-from llds.report.study_logs import COMMITTED_LOG
-from llds.studies.search_decline_table import judge, table
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: the studies' modules
+from llds.analysis.study_logs import COMMITTED_LOG
+from theorem_world.search_decline_table import judge, table
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,7 +9,7 @@ responses that gradient descent on their own group drags down? The script
 2. fine-tunes SmolLM2-135M-Instruct on the expert trajectories (`sft-theorem`'s thinking text,
    loss on actions) in segments of `--check-every` steps, sampling `--check-questions` training
    questions x 8 at T = 1 after each; it stops at the first check with sampled accuracy >= 0.5
-   and entropy >= 0.3 nats per model token (`llds.studies.warm_start`), at `--max-sft-steps`,
+   and entropy >= 0.3 nats per model token (`warm_start_report.py`), at `--max-sft-steps`,
    or when `--budget-s` says the rest of the time belongs to the probe;
 3. samples groups of `--group-size` on the training questions in order, 8 questions at a time,
    until `--high-groups` groups with more than half and less than all of their responses
@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,6 +40,7 @@ from typing import Any
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: the studies' modules
 from llds.data.world import WorldConfig, generate_world, write_world
 from llds.io import write_json
 from llds.retrieval.factory import build_retriever
@@ -47,7 +49,7 @@ from llds.sft import tiny_model_and_tokenizer
 from llds.sft.config import load_sft_config
 from llds.sft.data import build_expert_episodes
 from llds.sft.trainer import sft_train
-from llds.studies.warm_start import (
+from theorem_world.warm_start_report import (
     markdown_table,
     measure_batches,
     sample_groups,

@@ -4,7 +4,7 @@ Makes the `world-theorem` world, trains the `sft-theorem` warm start (loss on ac
 text from the paraphrase bank) in segments of `--check-every` steps, and after each segment
 samples groups of training questions at the sampling temperature. It stops at the first
 checkpoint whose sampled accuracy is at least 0.5 and whose entropy is at least 0.3 nats per
-model token (`llds.studies.warm_start`), measures that model in full (probe included) and writes
+model token (`warm_start_report.py`), measures that model in full (probe included) and writes
 `report.json` and `warm_start.md` to `--results`; the model goes to `--work`/model.
 
 Each segment is its own `sft_train` call (a fresh AdamW, warm-up then cosine decay over the
@@ -18,12 +18,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: the studies' modules
+from llds.analysis.machine import cpu_name, machine
 from llds.data.world import WorldConfig, generate_world, write_world
 from llds.io import write_json
 from llds.models.tiny import save_tiny
@@ -33,9 +36,8 @@ from llds.sft import tiny_model_and_tokenizer
 from llds.sft.config import load_sft_config
 from llds.sft.data import build_expert_episodes, think_entropy
 from llds.sft.trainer import sft_train
-from llds.studies.machine import cpu_name, machine
-from llds.studies.warm_start import markdown_table, measure_warm_start
 from llds.train.checkpoint import file_sha256
+from theorem_world.warm_start_report import markdown_table, measure_warm_start
 
 HERE = Path(__file__).resolve().parent
 

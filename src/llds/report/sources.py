@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from llds.analysis.study_logs import COMMITTED_LOG, run_rows
 from llds.errors import DataFormatError, UserInputError
 from llds.monitor.framework_logs import TRL_NAMES, VERL_NAMES, map_row
-from llds.report.study_logs import COMMITTED_LOG, run_rows
 from llds.runs.tracking import METRICS_FILE
 
 SourceKind = Literal["native", "trl", "verl-jsonl", "tensorboard"]

@@ -1,12 +1,12 @@
-"""The shares of held-out responses that EM does not show (`llds.report.eval_shares`): answers
+"""The shares of held-out responses that EM does not show (`llds.analysis.eval_shares`): answers
 copied from a retrieved passage, and degenerate punctuation runs, counted by hand."""
 
 from __future__ import annotations
 
 import pytest
 
+from llds.analysis.eval_shares import copied_share, punctuation_run_share
 from llds.monitor.degenerate import punctuation_run_frac
-from llds.report.eval_shares import copied_share, punctuation_run_share
 from llds.runs.eval_result import EvalRecord, EvalResult
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from llds.studies import heldout_drift as hd
+from lld_study import chain_drift as hd
 
 
 def test_chain_parts_sums_each_action_by_hand() -> None:

@@ -12,17 +12,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from llds import metrics as keys
-from llds.monitor.alarms import scan_alarms
-from llds.report.collapse import LLD_WINDOW, collapse_step, first_fall_and_recovery
-from llds.report.study_logs import run_rows
-from llds.studies.study_summary import (
+from lld_study.study_summary import (
     DIP_KEYS,
     SEARCH_TAIL,
     SEARCH_WINDOW,
     median_of,
     search_summary,
 )
+from llds import metrics as keys
+from llds.analysis.study_logs import run_rows
+from llds.monitor.alarms import scan_alarms
+from llds.report.collapse import LLD_WINDOW, collapse_step, first_fall_and_recovery
 
 Study = dict[str, dict[Any, dict[str, Any]]]
 """arm -> seed -> run summary."""

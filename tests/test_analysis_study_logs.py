@@ -1,5 +1,5 @@
 """A study's run logs read alike live (`metrics.jsonl`) and committed (`metrics.jsonl.gz`), and
-the folder layout `[WORLD/]ARM/seedN` names world, arm and seed (`llds.report.study_logs`)."""
+the folder layout `[WORLD/]ARM/seedN` names world, arm and seed (`llds.analysis.study_logs`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from llds.report import study_logs
+from llds.analysis import study_logs
 
 
 def _text(rows: list[dict]) -> str:

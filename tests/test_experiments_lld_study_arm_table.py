@@ -1,11 +1,11 @@
-"""The per-arm summary of a study (`llds.studies.arm_table`): last evaluation, same-seed
+"""The per-arm summary of a study (`lld_study.arm_table`): last evaluation, same-seed
 differences against GRPO, medians, and unfinished runs, on a study built by hand."""
 
 from __future__ import annotations
 
 import pytest
 
-from llds.studies import arm_table
+from lld_study import arm_table
 
 
 def _run(em: dict[str, float], lld: int | None = 10, collapse: int | None = None) -> dict:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from llds import metrics as keys
-from llds.studies import strength_study as st
+from llds_strength import strength_study as st
 
 RESULTS = Path(__file__).resolve().parents[1] / "experiments" / "llds_strength" / "results"
 

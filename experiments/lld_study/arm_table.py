@@ -1,7 +1,7 @@
 """Every arm of one study side by side: held-out EM at the last evaluation, the change against
 a reference arm on the same seed, collapses, and steps with `disp_pos` < 0, per seed and median.
 
-It reads the per-run summaries a study writes (`llds.studies.study_summary.summarize_run`, keyed
+It reads the per-run summaries a study writes (`lld_study.study_summary.summarize_run`, keyed
 arm -> seed -> summary), so it answers "does a variant protect held-out EM, and does it change
 the displacement?" at a glance, without training anything.
 """

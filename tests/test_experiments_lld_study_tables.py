@@ -1,4 +1,4 @@
-"""A study's run summaries and tables (`llds.studies.study_summary`, `llds.studies.study_tables`):
+"""A study's run summaries and tables (`lld_study.study_summary`, `lld_study.study_tables`):
 each cell against values worked out by hand on runs built for the test."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from llds.studies.study_summary import search_summary, summarize_run
-from llds.studies.study_tables import continued_table, largest_share, variant_table
+from lld_study.study_summary import search_summary, summarize_run
+from lld_study.study_tables import continued_table, largest_share, variant_table
 
 
 def test_search_summary_is_the_last_steps_mean_and_the_lowest_sliding_window() -> None:

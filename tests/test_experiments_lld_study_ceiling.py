@@ -1,4 +1,4 @@
-"""The in-sample alarm ceiling (`llds.studies.alarm_ceiling`): event dating, the causal rolling
+"""The in-sample alarm ceiling (`lld_study.ceiling`): event dating, the causal rolling
 median, and the threshold sweep, against values worked out by hand on tiny runs."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from llds.studies import alarm_ceiling as ac
+from lld_study import ceiling as ac
 
 
 def test_fell_for_good_is_the_start_of_the_last_stretch_at_or_below_half() -> None:

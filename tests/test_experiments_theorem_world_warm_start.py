@@ -12,7 +12,7 @@ import torch
 from conftest import make_tiny_model, tag_happy
 from llds.probe.one_step import first_order_displacement, probe_objective
 from llds.rollout import RolloutConfig
-from llds.studies.warm_start import (
+from theorem_world.warm_start_report import (
     MIN_ACCURACY,
     MIN_ENTROPY,
     WarmStartReport,

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from llds import metrics as keys
-from llds.report.study_logs import COMMITTED_LOG, read_committed_metrics
-from llds.studies.pooled import step_counts
-from llds.studies.theorem_study import seed_spread
+from llds.analysis.pooled import step_counts
+from llds.analysis.seeds import seed_spread
+from llds.analysis.study_logs import COMMITTED_LOG, read_committed_metrics
 
 Rows = Sequence[Mapping[str, Any]]
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from llds.studies.pooled import (
-    median_over_seeds,
+from llds.analysis.pooled import (
     pooled_share,
     probe_fell,
     quartiles,
@@ -54,11 +53,6 @@ def test_quartiles_interpolate_between_order_statistics() -> None:
     assert quartiles([4.0, 1.0, 3.0, 2.0, 5.0]) == (2.0, 3.0, 4.0)
     assert quartiles([1.0, 2.0]) == pytest.approx((1.25, 1.5, 1.75))
     assert quartiles([]) is None
-
-
-def test_median_over_seeds_ignores_unknown_values() -> None:
-    assert median_over_seeds([0.3, None, 0.1, 0.2]) == pytest.approx(0.2)
-    assert median_over_seeds([None]) is None
 
 
 def test_probe_counts_responses_questions_and_mean_changes() -> None:

@@ -5,23 +5,12 @@ from __future__ import annotations
 
 import pytest
 
+from llds.analysis.probe_compare import compare_probes, paired, plot_pairs
 from llds.probe.one_step import ProbeResult
-from llds.studies.probe_compare import compare_probes, paired, plot_pairs, sign_test
 
 
 def _result(qid: str, disp: float, fell: float) -> ProbeResult:
     return ProbeResult(qid, "q?", 2, 2, disp, disp / 10, -1.0, fell, 1.0, -1.0, -0.2)
-
-
-def test_sign_test_by_hand() -> None:
-    assert sign_test(0, 5) == pytest.approx(2 / 32)  # 2 * C(5,0) / 2^5
-    assert sign_test(5, 5) == pytest.approx(2 / 32)
-    assert sign_test(1, 5) == pytest.approx(2 * (1 + 5) / 32)
-    assert sign_test(2, 4) == 1.0  # 2 * (1 + 4 + 6) / 16 > 1 is capped
-    assert sign_test(0, 10) == pytest.approx(2 / 1024)
-    assert sign_test(0, 0) == 1.0
-    with pytest.raises(ValueError, match="k=3, n=2"):
-        sign_test(3, 2)
 
 
 def test_compare_probes_pairs_questions_by_id() -> None:

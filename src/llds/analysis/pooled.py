@@ -11,7 +11,6 @@ says how the falls spread over steps.
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -113,12 +112,6 @@ def summarize(
         steps_none_fell=sum(1 for _, f, _ in counts if f == 0),
         quartiles=quartiles([f / n for _, f, n in counts]),
     )
-
-
-def median_over_seeds(values: Iterable[float | None]) -> float | None:
-    """The median of the known values, or None."""
-    known = [v for v in values if v is not None]
-    return statistics.median(known) if known else None
 
 
 @dataclass(frozen=True)

@@ -5,24 +5,12 @@ than the other? Paired, because the questions differ far more from each other th
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from llds.analysis.significance import sign_test
 from llds.probe.one_step import ProbeResult
-
-
-def sign_test(k: int, n: int) -> float:
-    """Two-sided exact sign test: the chance, with n fair coin flips, of a split at least as
-    uneven as k against n - k. 1.0 when n is 0."""
-    if not 0 <= k <= n:
-        raise ValueError(f"sign_test: need 0 <= k <= n, got k={k}, n={n}")
-    if n == 0:
-        return 1.0
-    tail = min(k, n - k)
-    p = 2 * sum(math.comb(n, i) for i in range(tail + 1)) / 2**n
-    return min(1.0, p)
 
 
 @dataclass(frozen=True)

@@ -9,16 +9,16 @@ median of per-step shares; every share comes with its counts.
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from llds import metrics as keys
+from llds.analysis.pooled import step_counts
+from llds.analysis.seeds import median_over_seeds, seed_spread, spread_md
 from llds.monitor.alarms import scan_alarms
 from llds.monitor.searches import SEARCHES_KEY
 from llds.report.collapse import collapse_step
-from llds.studies.pooled import median_over_seeds, step_counts
 
 Rows = Sequence[Mapping[str, Any]]
 
@@ -341,17 +341,6 @@ def answers(
     return out
 
 
-def seed_spread(values: Sequence[float | None]) -> dict[str, float | None]:
-    """Median, mean and one standard error of the mean (sample s.d. / sqrt(n)) over the seeds'
-    known values: the per-seed values are always printed beside these, so the spread is never
-    hidden."""
-    known = [v for v in values if v is not None]
-    if not known:
-        return {"median": None, "mean": None, "se": None}
-    se = statistics.stdev(known) / math.sqrt(len(known)) if len(known) > 1 else None
-    return {"median": _median(known), "mean": statistics.mean(known), "se": se}
-
-
 def arm_over_seeds(
     by_seed: Mapping[int, Mapping[str, Any]], done: Mapping[int, bool]
 ) -> dict[str, Any]:
@@ -369,15 +358,6 @@ def arm_over_seeds(
         "em_spread": seed_spread(ems),
         "collapses": [by_seed[s]["collapse"] for s in seeds],
     }
-
-
-def spread_md(values: Sequence[float | None], spread: Mapping[str, float | None]) -> str:
-    """A table cell: every seed's value, then their median and mean +- SE (`seed_spread`)."""
-    each = " / ".join(_fmt(v) for v in values)
-    if spread["median"] is None:
-        return each or "-"
-    se = "" if spread["se"] is None else f" ± {spread['se']:.3f}"
-    return f"{each}; median {spread['median']:.3f}, mean {spread['mean']:.3f}{se}"
 
 
 def _warm_em(eval_root: Path | None) -> float | None:

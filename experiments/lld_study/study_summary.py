@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from llds import metrics as keys
+from llds.analysis.eval_shares import EVAL_SHARES
 from llds.errors import DataFormatError
 from llds.monitor.alarms import scan_alarms
 from llds.report.collapse import LLD_WINDOW, SMOOTH, collapse_step, deepest_dip, median_window
-from llds.report.eval_shares import EVAL_SHARES
 from llds.runs.eval_result import EvalResult
 from llds.runs.tracking import read_metrics
 

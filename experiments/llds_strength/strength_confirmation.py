@@ -13,10 +13,16 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
+from llds.analysis.significance import (
+    exact_permutation_p,
+    fisher_p,
+    smallest_fisher_p,
+    smallest_permutation_p,
+)
+from llds.analysis.study_logs import COMMITTED_LOG, read_committed_metrics
 from llds.monitor import searches as search_rule
-from llds.report.study_logs import COMMITTED_LOG, read_committed_metrics
-from llds.studies import theorem_study
-from llds.studies.strength_study import DOSE_ARMS, WARM_EM
+from llds_strength.strength_study import DOSE_ARMS, WARM_EM
+from theorem_world import theorem_study
 
 Rows = Sequence[Mapping[str, Any]]
 
@@ -42,61 +48,6 @@ def detectable_gap(n: int, sd: float = EM_SD) -> float:
     """The EM gap that n seeds per arm detect with 80% power at two-sided 5%, for seed SD `sd`
     (normal approximation: (z_0.975 + z_0.8) * sd * sqrt(2 / n))."""
     return Z_SUM * sd * math.sqrt(2 / n)
-
-
-def exact_permutation_p(a: Sequence[float], b: Sequence[float]) -> float | None:
-    """Two-sided p of the difference of means over every split of the pooled values into groups
-    of len(a) and len(b) (exact; None when either group is empty)."""
-    if not a or not b:
-        return None
-    if min(len(a), len(b)) == 1:
-        return _singleton_permutation_p(a, b)
-    result = stats.permutation_test(
-        (np.asarray(a, dtype=float), np.asarray(b, dtype=float)),
-        lambda x, y, axis: np.mean(x, axis=axis) - np.mean(y, axis=axis),
-        permutation_type="independent",
-        alternative="two-sided",
-        n_resamples=math.inf,
-        vectorized=True,
-    )
-    return float(result.pvalue)
-
-
-def _singleton_permutation_p(a: Sequence[float], b: Sequence[float]) -> float:
-    """The exact test when one group holds a single value, which scipy refuses: each of the
-    pooled values in turn is that group, so the p is the share of them whose difference of
-    means is at least as large as the observed one."""
-    pooled = np.asarray([*a, *b], dtype=float)
-    rest_mean = (pooled.sum() - pooled) / (len(pooled) - 1)
-    diffs = np.abs(pooled - rest_mean)
-    observed = diffs[0] if len(a) == 1 else diffs[-1]  # the single value is first or last
-    return float(np.mean(diffs >= observed - 1e-12))
-
-
-def fisher_p(yes_a: int, n_a: int, yes_b: int, n_b: int) -> float | None:
-    """Fisher's exact two-sided p for `yes_a` of `n_a` against `yes_b` of `n_b`."""
-    if n_a == 0 or n_b == 0:
-        return None
-    table = [[yes_a, n_a - yes_a], [yes_b, n_b - yes_b]]
-    return float(stats.fisher_exact(table, alternative="two-sided").pvalue)
-
-
-def smallest_permutation_p(n_a: int, n_b: int) -> float | None:
-    """The smallest two-sided p the exact permutation test can give for n_a and n_b seeds,
-    whatever their values: that of two groups that do not overlap. At 2 + 2 seeds it is 1/3 and
-    at 3 + 3 0.1, so no gap, however large, can be called a difference there; at 4 + 4, 2/70."""
-    if n_a == 0 or n_b == 0:
-        return None
-    return exact_permutation_p([1000.0 + i for i in range(n_a)], [float(i) for i in range(n_b)])
-
-
-def smallest_fisher_p(n_a: int, n_b: int) -> float | None:
-    """The smallest two-sided p Fisher's exact test can give for n_a against n_b runs: every run
-    of one arm collapsed and none of the other."""
-    if n_a == 0 or n_b == 0:
-        return None
-    extremes = (fisher_p(n_a, n_a, 0, n_b), fisher_p(0, n_a, n_b, n_b))
-    return min(p for p in extremes if p is not None)
 
 
 def confirmation_summary(

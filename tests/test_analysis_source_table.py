@@ -1,4 +1,4 @@
-"""The per-source run table (`llds.studies.source_table`, the SmolLM2 study's table) lists the
+"""The per-source run table (`llds.analysis.source_table`, the SmolLM2 study's table) lists the
 runs that have logged a step, and only those (a run that has just started has an empty metrics
 log while its first step runs)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from llds.studies.source_table import source_table
+from llds.analysis.source_table import source_table
 
 
 def _log(run: Path, rows: list[dict]) -> None:

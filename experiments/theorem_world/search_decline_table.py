@@ -11,6 +11,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+from llds.analysis.study_logs import run_rows
 from llds.monitor.alarms import scan_alarms
 from llds.report.attribution import (
     COLLAPSE,
@@ -21,7 +22,6 @@ from llds.report.attribution import (
     search_decline_rule,
     signal_series,
 )
-from llds.report.study_logs import run_rows
 
 KEY = "rollout/valid_searches"
 
