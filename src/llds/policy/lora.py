@@ -4,11 +4,13 @@ With LoRA only the adapter weights are trained (and kept in the optimizer); the 
 stay frozen. The KL reference policy is the same model with its adapters switched off, so a
 run holds one copy of the base weights, not two.
 
-A LoRA run's state is the adapter (a few MB), never the merged weights: `save_adapter` writes
-the adapter and a record of its base (`llds_base.json`: the run's `model.path` and a
-fingerprint of the base weights and vocabulary), and every load of an adapter (resume,
-evaluation, export) checks the base it is put on against that record, so an adapter is never
-silently applied to other weights. Merged weights are made only when asked (`merged`).
+A LoRA run's state is the adapter and its optimizer state (SmolLM2-135M at rank 16 on every
+linear layer: 56 MiB, against 1.6 GB for full fine-tuning), never the merged weights:
+`save_adapter` writes the adapter and a record of its base (`llds_base.json`: the run's
+`model.path` and a fingerprint of the base weights and vocabulary), and every load of an
+adapter (resume, evaluation, export) checks the base it is put on against that record, so an
+adapter is never silently applied to other weights. Merged weights are made only when asked
+(`merged`).
 """
 
 from __future__ import annotations
