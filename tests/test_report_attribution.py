@@ -69,7 +69,12 @@ def test_lld_absent_when_likelihood_rises_or_reward_had_already_fallen():
     # a log with only the older frac_pos_fell is read through it
     old = series(reward__mean=rising_reward, lld__frac_pos_fell=late(0.2, 0.9))
     assert att.lld_rule(old, EVENT).numbers == pytest.approx(
-        {"lld/frac_pos_fell": 0.9, "reward_at_window_start": 0.465, "reward_peak": 0.465}
+        {
+            "lld/frac_pos_fell": 0.9,
+            "lld/frac_pos_fell_early": 0.2,
+            "reward_at_window_start": 0.465,
+            "reward_peak": 0.465,
+        }
     )
     assert att.lld_rule(series(reward__mean=rising_reward), EVENT).status == "not logged"
 
@@ -120,33 +125,51 @@ def test_entropy_is_not_judged_without_early_steps():
     assert f.status == "absent" and "no early steps" in f.reason
 
 
-def test_lr_divergence_fires_on_large_early_kl_with_clipping_or_grad_growth():
-    clipped = series(policy__approx_kl=lambda s: 0.1, policy__clip_frac_high=lambda s: 0.3)
-    assert att.lr_divergence_rule(clipped, EVENT).status == "present"
-    # low and high clipped shares add up
+def test_lr_divergence_fires_when_updates_grow_past_their_early_size():
+    # approx-KL 0.01 early, 0.1 in the window: 10 x its early median and above 0.05
+    kl = series(policy__approx_kl=late(0.01, 0.1))
+    f = att.lr_divergence_rule(kl, EVENT)
+    assert f.status == "present" and "over its steps 1-20" in f.reason
+    # low and high clipped shares add up: 0.06 + 0.06 early, 0.15 + 0.15 in the window
     both = series(
-        policy__approx_kl=lambda s: 0.1,
-        policy__clip_frac_low=lambda s: 0.12,
-        policy__clip_frac_high=lambda s: 0.12,
+        policy__clip_frac_low=late(0.06, 0.15),
+        policy__clip_frac_high=late(0.06, 0.15),
     )
     f = att.lr_divergence_rule(both, EVENT)
-    assert f.status == "present" and f.numbers["clip_frac_early"] == pytest.approx(0.24)
+    assert f.status == "present" and f.numbers["policy/clip_frac"] == pytest.approx(0.3)
     grad = series(policy__approx_kl=lambda s: 0.08, policy__grad_norm=late(0.5, 8.0))
     f = att.lr_divergence_rule(grad, EVENT)
     assert f.status == "present" and f.numbers["grad_norm_growth"] == pytest.approx(16.0)
 
 
-def test_lr_divergence_absent_with_small_early_kl_even_if_grad_grows():
-    calm = series(
-        policy__approx_kl=lambda s: 0.005,
-        policy__clip_frac_high=lambda s: 0.3,
-        policy__grad_norm=late(0.5, 8.0),
-    )
-    assert att.lr_divergence_rule(calm, EVENT).status == "absent"
-    # large KL, but neither clipping nor grad growth
-    kl_only = series(policy__approx_kl=lambda s: 0.1, policy__clip_frac_high=lambda s: 0.01)
-    assert att.lr_divergence_rule(kl_only, EVENT).status == "absent"
+def test_lr_divergence_absent_when_the_updates_were_always_that_large():
+    # large from the first step on: the run's own baseline, not a divergence
+    steady = series(policy__approx_kl=lambda s: 0.1, policy__clip_frac_high=lambda s: 0.3)
+    assert att.lr_divergence_rule(steady, EVENT).status == "absent"
+    # a tenfold KL that stays below KL_LARGE is not one either
+    small = series(policy__approx_kl=late(0.001, 0.01), policy__grad_norm=late(0.5, 2.0))
+    assert att.lr_divergence_rule(small, EVENT).status == "absent"
     assert att.lr_divergence_rule(series(), EVENT).status == "not logged"
+
+
+def test_a_share_above_half_from_the_first_step_is_not_lld():
+    """The world's own level: more than half of the reinforced responses lose likelihood from
+    step 1 on in some worlds, in runs that never collapse; only a rise over it is a signature."""
+    always = series(reward__mean=rising_reward, lld__share_pos_fell=lambda s: 0.62)
+    f = att.lld_rule(always, EVENT)
+    assert f.status == "absent" and "against 0.62 over its steps 1-20" in f.reason
+    rose = series(reward__mean=rising_reward, lld__share_pos_fell=late(0.55, 0.66))
+    assert att.lld_rule(rose, EVENT).status == "present"  # 0.66 >= 0.55 + 0.1
+    barely = series(reward__mean=rising_reward, lld__share_pos_fell=late(0.55, 0.64))
+    assert att.lld_rule(barely, EVENT).status == "absent"
+    # a displacement negative from the start is the baseline too
+    neg = series(reward__mean=rising_reward, lld__disp_pos=lambda s: -0.1)
+    assert att.lld_rule(neg, EVENT).status == "absent"
+
+
+def test_low_ess_counts_only_where_it_was_high_early():
+    always = series(mismatch__is_ess=lambda s: 0.3)
+    assert att.mismatch_rule(always, EVENT).status == "absent"
 
 
 def test_run_events_attributes_the_collapse_and_serious_alarms_only():
@@ -244,3 +267,12 @@ def test_lld_reads_a_verl_log_of_only_the_keys_verl_emits():
     finding = att.lld_rule(att.signal_series(rows), EVENT)
     assert finding.status == "present"
     assert finding.numbers["lld/premb_share_pos_fell"] == pytest.approx(0.7)
+
+
+def test_gradient_growth_at_a_constant_logged_learning_rate_is_not_lr_divergence():
+    grad = late(0.5, 8.0)
+    constant = series(policy__grad_norm=grad, lr=lambda s: 1e-6)
+    f = att.lr_divergence_rule(constant, EVENT)
+    assert f.status == "absent" and f.numbers["lr_growth"] == pytest.approx(1.0)
+    rising = series(policy__grad_norm=grad, lr=late(1e-6, 3e-6))
+    assert att.lr_divergence_rule(rising, EVENT).status == "present"

@@ -46,7 +46,7 @@ def runs(tmp_path_factory) -> tuple[Path, Path]:
     warm start; their saved configs differ only in `algo.llds.enabled`."""
     root = tmp_path_factory.mktemp("runs")
     grpo, llds = root / "grpo", root / "grpo_llds"
-    write_jsonl(grpo / "metrics.jsonl", synthetic_rows("collapse", seed=1, steps=160))
+    write_jsonl(grpo / "metrics.jsonl", synthetic_rows("collapse", seed=1, steps=170))
     write_jsonl(llds / "metrics.jsonl", synthetic_rows("healthy", seed=2, steps=140))
     overall = {"em": 0.412, "f1": 0.5, "sub_em": 0.45, "valid_searches": 1.8, "answered": 0.9}
     overall["n"] = 500
@@ -107,10 +107,10 @@ def test_report_files_and_embedded_images(written):
 def test_report_summary_numbers(written, runs):
     data = json.loads((written.parent / "report.json").read_text())
     grpo, llds = data["runs"]
-    rows = synthetic_rows("collapse", seed=1, steps=160)
+    rows = synthetic_rows("collapse", seed=1, steps=170)
     tail = sorted(r["reward/mean"] for r in rows[-10:])
     assert grpo["final_reward"] == pytest.approx((tail[4] + tail[5]) / 2)  # 10-step median
-    assert grpo["steps"] == 160 and llds["steps"] == 140
+    assert grpo["steps"] == 170 and llds["steps"] == 140
     # the pre-registered definition, computed here by hand: the first step from which the
     # 10-step median reward stays at or below half of its running peak to the end
     reward = [r["reward/mean"] for r in rows]
@@ -124,7 +124,7 @@ def test_report_summary_numbers(written, runs):
     assert grpo["eval_em"] is None
     assert not llds["collapsed"] and llds["eval_em"] == pytest.approx(0.412)
     assert llds["first_alarm_step"] is None and llds["alarms"] == []
-    assert sum(grpo["phase_steps"].values()) == 160
+    assert sum(grpo["phase_steps"].values()) == 170
     kinds = [a["kind"] for a in grpo["alarms"]]
     assert "reward_collapse" in kinds and "collapse" in kinds
 

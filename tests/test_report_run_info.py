@@ -82,3 +82,39 @@ def test_hub_model_and_legacy_eval(tmp_path):
     assert [(p.step, p.em) for p in held.points] == [(120, pytest.approx(0.2))]
     _eval(run / "eval" / "step_000060.json", 0.0, n=0)  # scored nothing: not a point
     assert held_out(run, None, last_step=120).points == ()
+
+
+def test_a_studys_eval_json_by_step(tmp_path):
+    """The studies write `RUN/eval.json` as `{"step_N": {scores}}`: each is a held-out point,
+    the newest the run's evaluation, and the whole run folder reports."""
+    from llds.io import write_jsonl
+    from llds.report.html import load_eval, write_report
+
+    run = tmp_path / "seed1"
+    scores = {"answered": 1.0, "f1": 0.7, "n": 200, "sub_em": 0.7, "valid_searches": 1.8}
+    write_json(
+        run / "eval.json",
+        {"step_000050": {**scores, "em": 0.75}, "step_000025": {**scores, "em": 0.74}},
+    )
+    ho = held_out(run, None, last_step=60)
+    assert [(p.step, p.em, p.n) for p in ho.points] == [(25, 0.74, 200), (50, 0.75, 200)]
+    assert load_eval(run, 60).overall.em == 0.75
+    write_jsonl(run / "metrics.jsonl", [{"step": s, "reward/mean": 0.5} for s in range(1, 61)])
+    page = write_report([run], tmp_path / "report").read_text(encoding="utf-8")
+    assert (
+        "<b>seed1</b>: evaluated after markers only, too few points for a line; steps 25, 50"
+        in page
+    )
+    write_json(run / "eval.json", {"step_000050": {"em": 0.75}})  # no count: named
+    with pytest.raises(DataFormatError, match=r"eval\.json: step_000050: overall\.n"):
+        held_out(run, None, last_step=60)
+
+
+def test_every_committed_eval_json_is_read():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "experiments"
+    folders = sorted({p.parent for p in root.rglob("eval.json")})
+    assert len(folders) >= 39
+    for folder in folders:
+        assert held_out(folder, None, last_step=300).points, folder

@@ -168,7 +168,7 @@ def test_trl_and_verl_runs_draw_the_same_panels_as_a_native_run(tmp_path):
 
 def test_cli_reports_a_verl_log_beside_it(tmp_path, capsys):
     log = tmp_path / "verl" / "exp.jsonl"
-    rows = verl_rows()
+    rows = verl_rows(110)  # 37 steps logged after the collapse at 73: not censored
     native_only = (
         "lld/disp_pos",
         "lld/frac_pos_fell",
@@ -180,7 +180,8 @@ def test_cli_reports_a_verl_log_beside_it(tmp_path, capsys):
     assert main(["report", str(log)]) == 0
     report = tmp_path / "verl" / "report" / "report.json"
     data = json.loads(report.read_text())["runs"][0]
-    assert data["source"] == "verl-jsonl" and data["collapsed"]
+    assert data["source"] == "verl-jsonl" and data["collapsed"] and not data["censored"]
+    assert capsys.readouterr().out.startswith("exp.jsonl: collapsed at step 73; cause named: LLD, ")
     page = (report.parent / "report.html").read_text()
     assert "Signatures present before the collapse at step 73 (steps 54&ndash;73): LLD (" in page
     # the synthetic entropy rises about 2.8x over its early median: at least 2x, a blow-up

@@ -27,7 +27,10 @@ def run(cfg: Any, args: argparse.Namespace) -> int:
     from llds.report.html import write_report
 
     cfg.runs = [run_folder(run) for run in cfg.runs]
-    path = write_report(cfg.runs, cfg.out_dir(), labels=cfg.labels)
+    verdicts: list[str] = []
+    path = write_report(cfg.runs, cfg.out_dir(), labels=cfg.labels, verdicts=verdicts)
+    for line in verdicts:
+        print(line)
     print(f"report written to {path}")
     return 0
 

@@ -55,14 +55,21 @@ def monitor_section(data: Any, source: str) -> dict[str, Any]:
     return dict(data[MONITOR_KEY])
 
 
+def monitor_config_from(section_data: Mapping[str, Any] | None, source: str) -> MonitorConfig:
+    """The monitor settings of a `monitor` mapping (a saved config's; None: the defaults);
+    errors name `source` and the dotted key."""
+    if section_data is None:
+        return MonitorConfig()
+    return validate(ReplayConfig, {MONITOR_KEY: dict(section_data), "run": "-"}, source).monitor
+
+
 def load_monitor_config(path: str | Path | None) -> MonitorConfig:
     """The monitor settings of a YAML file's `monitor:` section (`base:` chains followed);
     None: the defaults. Errors name the file and the dotted key."""
     if path is None:
         return MonitorConfig()
     name = source_name(Path(path))
-    section_data = monitor_section(read_yaml(path), name)
-    return validate(ReplayConfig, {MONITOR_KEY: section_data, "run": "-"}, name).monitor
+    return monitor_config_from(monitor_section(read_yaml(path), name), name)
 
 
 def text_line(alarm: Alarm) -> str:

@@ -5,8 +5,11 @@ mismatch between the sampling and the trained policy, void turns, entropy collap
 and a learning rate that diverges. A sixth is particular to search agents: the policy searches
 less and answers before it has read what it needs. Each has a rule over the logged signals in
 the `WINDOW` steps up to an event; a rule reports `present`, `absent` or `not logged` with the
-numbers it read. The rules are written out in docs/diagnostics.md ("Attributing a collapse"). A
-present signature is a co-occurrence in the log, not a cause: the report words it so.
+numbers it read. Every rule compares the window with the run's own healthy baseline, its first
+`EARLY` steps (before the window): a level that a healthy run of that world also has is not a
+signature, since an absolute threshold separates worlds rather than states of one run. The rules
+are written out in docs/diagnostics.md ("Attributing a collapse"). A present signature is a
+co-occurrence in the log, not a cause: the report words it so.
 
 The thresholds are round values chosen before looking at any study's runs; none was tuned,
 except `SEARCH_DECLINE` (`llds.monitor.searches`), which was set after seeing the one run that
@@ -24,7 +27,7 @@ from llds import metrics as keys
 from llds.monitor.alarms import Alarm
 from llds.monitor.robust import as_float
 from llds.monitor.searches import SEARCHES_KEY, declined
-from llds.report.collapse import SMOOTH, collapse_step, median_window
+from llds.report.collapse import SMOOTH, censored, collapse_step, median_window
 
 WINDOW = 20
 """Steps examined before an event, the event's own step included."""
@@ -37,7 +40,10 @@ LLD_SHARE_KEYS = ("lld/share_pos_fell", keys.FRAC_POS_FELL, "lld/premb_share_pos
 """The LLD rule's share, in order of preference."""
 SHARE_FELL_MIN = 0.5
 """LLD: the window's median share of positive-advantage responses whose likelihood fell (more
-than half of the responses GRPO reinforces became less likely)."""
+than half of the responses GRPO reinforces became less likely) ..."""
+SHARE_RISE = 0.1
+"""... and at least this much above its median over the run's early steps: in some worlds more
+than half fall from the first step on, in runs that never collapse."""
 REWARD_HELD = 0.8
 """LLD: the reward held when the window began if its 10-step median there was at least this
 share of its running peak."""
@@ -49,7 +55,8 @@ K3_FLOOR = 1e-3
 LOGP_DIFF_FLOOR = 1.0
 """Mismatch: a largest |log-prob difference| below 1 nat (a factor e) is not a rise."""
 ESS_MIN = 0.5
-"""Mismatch: an importance-sampling effective sample size (as a fraction) at or below this."""
+"""Mismatch: an importance-sampling effective sample size (as a fraction) at or below this,
+where its early median was above it."""
 VOID_RISE_MIN = 0.1
 """Void turns: the share must also rise by at least this much over the early median."""
 ENTROPY_COLLAPSE = 0.1
@@ -57,11 +64,17 @@ ENTROPY_COLLAPSE = 0.1
 ENTROPY_BLOWUP = 2.0
 """Entropy: a window maximum at or above this multiple of the early median is a blow-up."""
 KL_LARGE = 0.05
-"""Learning rate: an early median approx-KL (nats per token per update) at or above this."""
+"""Learning rate: a window median approx-KL (nats per token per update) at or above this, and
+`RISE_FACTOR` x its early median; or ..."""
 CLIP_LARGE = 0.2
-"""Learning rate: an early median clipped share (low + high) at or above this."""
+"""... a window median clipped share (low + high) at or above this, and `RISE_FACTOR` x its
+early median; or ..."""
 GRAD_GROWTH = 10.0
-"""Learning rate: a window median gradient norm at or above this multiple of the early one."""
+"""... a window median gradient norm at or above this multiple of the early one."""
+LR_RISE = 1.5
+"""Learning rate: where `lr` is logged, its window median at least this multiple of its early
+median (the live `lr_divergence` alarm's default)."""
+LR_KEY = "lr"
 
 Status = Literal["present", "absent", "not logged"]
 Series = Mapping[str, Sequence[tuple[int, float]]]
@@ -79,6 +92,18 @@ MECHANISMS = (
     "learning-rate divergence",
     "search decline",
 )
+MECHANISM_CODES: dict[str, str] = {
+    "LLD": "lld",
+    "mismatch": "mismatch",
+    "void turns": "tool",
+    "entropy": "entropy",
+    "learning-rate divergence": "lr",
+    "search decline": "tool",
+}
+"""Each mechanism's code, as the monitor's alarms and the collapse corpus name it
+(`llds.monitor.registry.MECHANISMS`)."""
+LEAD = 20
+"""A critical alarm is timely when it comes at least this many steps before the collapse."""
 STABILIZERS: dict[str, tuple[str, str]] = {
     "LLD": ("LLDS", "algo.llds.enabled=true"),
     "mismatch": ("truncated importance sampling", "algo.rollout_correction.mode=tis"),
@@ -102,6 +127,7 @@ SIGNALS = (
     "policy/clip_frac_high",
     keys.GRAD_NORM,
     SEARCHES_KEY,
+    LR_KEY,
 )
 """The metrics the rules read."""
 
@@ -150,10 +176,36 @@ def _median(values: Sequence[float]) -> float | None:
     return statistics.median(values) if len(values) >= MIN_POINTS else None
 
 
+@dataclass(frozen=True)
+class Baseline:
+    """A metric's median over the run's early steps, and which steps those were."""
+
+    median: float
+    first: int
+    last: int
+
+    def text(self) -> str:
+        return f"{_fmt(self.median)} over its steps {self.first}-{self.last}"
+
+
+def baseline(series: Series, key: str, window_start: int) -> Baseline | None:
+    """`key` over the run's first `EARLY` steps that come before the window; None with fewer
+    than `MIN_POINTS` values there."""
+    points = series.get(key, ())
+    first = min((s for s, _ in points), default=0)
+    last = min(first + EARLY - 1, window_start - 1)
+    values = [(s, v) for s, v in points if first <= s <= last]
+    med = _median([v for _, v in values])
+    return None if med is None else Baseline(med, values[0][0], values[-1][0])
+
+
 def _early(series: Series, key: str, window_start: int) -> float | None:
     """Median of `key` over the run's first `EARLY` steps that come before the window."""
-    first = min((s for s, _ in series.get(key, ())), default=0)
-    return _median(_values(series, key, first, min(first + EARLY - 1, window_start - 1)))
+    found = baseline(series, key, window_start)
+    return found.median if found is not None else None
+
+
+NO_BASELINE = "no early steps to compare"
 
 
 def _fmt(x: float) -> str:
@@ -161,8 +213,10 @@ def _fmt(x: float) -> str:
 
 
 def lld_rule(series: Series, step: int) -> Finding:
-    """Positive-advantage responses losing likelihood (median share fell >= `SHARE_FELL_MIN`,
-    or median `lld/disp_pos` < 0) while the reward still held when the window began."""
+    """Positive-advantage responses losing likelihood against the run's early steps (the median
+    share fell at least `SHARE_FELL_MIN` and `SHARE_RISE` above its early median, or the median
+    `lld/disp_pos` negative where it was not early) while the reward still held when the window
+    began."""
     lo = step - WINDOW + 1
     # the pooled share after the update (native), else the older per-step share, else the share
     # a TRL or veRL loss sees before each mini-batch's own update (see docs/integrations.md)
@@ -173,13 +227,25 @@ def lld_rule(series: Series, step: int) -> Finding:
         return Finding("LLD", "not logged")
     nums: dict[str, float] = {}
     said = []
+    displaced = False
     if share is not None:
         nums[share_key] = share
-        said.append(f"median {share_key} {_fmt(share)}")
+        early = baseline(series, share_key, lo)
+        if early is None:
+            said.append(f"median {share_key} {_fmt(share)} ({NO_BASELINE})")
+        else:
+            nums[f"{share_key}_early"] = early.median
+            said.append(f"median {share_key} {_fmt(share)} against {early.text()}")
+            displaced = share >= SHARE_FELL_MIN and share >= early.median + SHARE_RISE
     if disp is not None:
         nums[keys.DISP_POS] = disp
-        said.append(f"median {keys.DISP_POS} {_fmt(disp)}")
-    displaced = (share is not None and share >= SHARE_FELL_MIN) or (disp is not None and disp < 0)
+        early = baseline(series, keys.DISP_POS, lo)
+        if early is None:
+            said.append(f"median {keys.DISP_POS} {_fmt(disp)} ({NO_BASELINE})")
+        else:
+            nums[f"{keys.DISP_POS}_early"] = early.median
+            said.append(f"median {keys.DISP_POS} {_fmt(disp)} against {early.text()}")
+            displaced |= disp < 0 <= early.median
     rewards = series.get(keys.REWARD_MEAN, ())
     before = [v for s, v in rewards if s <= lo]
     level = median_window(before, len(before) - 1, SMOOTH) if before else None
@@ -198,11 +264,11 @@ def _rising(series: Series, key: str, step: int, floor: float) -> tuple[bool, st
     now = _median(_values(series, key, lo, step))
     if now is None:
         return False, "", None
-    early = _early(series, key, lo)
+    early = baseline(series, key, lo)
     if early is None:
-        return False, f"median {key} {_fmt(now)} (no early steps to compare)", now
-    rose = now >= RISE_FACTOR * early and now >= floor
-    return rose, f"median {key} {_fmt(now)} against {_fmt(early)} early", now
+        return False, f"median {key} {_fmt(now)} ({NO_BASELINE})", now
+    rose = now >= RISE_FACTOR * early.median and now >= floor
+    return rose, f"median {key} {_fmt(now)} against {early.text()}", now
 
 
 def mismatch_rule(series: Series, step: int) -> Finding:
@@ -218,11 +284,14 @@ def mismatch_rule(series: Series, step: int) -> Finding:
             nums[key] = now
             parts.append(said)
             present |= rose
-    ess = _values(series, "mismatch/is_ess", step - WINDOW + 1, step)
+    lo = step - WINDOW + 1
+    ess = _values(series, "mismatch/is_ess", lo, step)
     if len(ess) >= MIN_POINTS:
         nums["mismatch/is_ess"] = min(ess)
-        parts.append(f"lowest mismatch/is_ess {_fmt(min(ess))}")
-        present |= min(ess) <= ESS_MIN
+        early = baseline(series, "mismatch/is_ess", lo)
+        against = early.text() if early is not None else NO_BASELINE
+        parts.append(f"lowest mismatch/is_ess {_fmt(min(ess))} against {against}")
+        present |= early is not None and min(ess) <= ESS_MIN < early.median
     if not nums:
         return Finding("mismatch", "not logged")
     return Finding("mismatch", "present" if present else "absent", "; ".join(parts), nums)
@@ -247,21 +316,17 @@ def entropy_rule(series: Series, step: int) -> Finding:
     window = _values(series, keys.ENTROPY, lo, step)
     if len(window) < MIN_POINTS:
         return Finding("entropy", "not logged")
-    early = _early(series, keys.ENTROPY, lo)
+    base = baseline(series, keys.ENTROPY, lo)
     now, top = statistics.median(window), max(window)
     nums = {"entropy_median": now, "entropy_max": top}
-    if early is None:
-        return Finding("entropy", "absent", f"median {_fmt(now)} (no early steps to compare)", nums)
-    nums["entropy_early"] = early
+    if base is None:
+        return Finding("entropy", "absent", f"median {_fmt(now)} ({NO_BASELINE})", nums)
+    early = nums["entropy_early"] = base.median
     if now <= ENTROPY_COLLAPSE * early:
-        return Finding(
-            "entropy", "present", f"collapse: median {_fmt(now)}, early {_fmt(early)}", nums
-        )
+        return Finding("entropy", "present", f"collapse: median {_fmt(now)}, {base.text()}", nums)
     if top >= ENTROPY_BLOWUP * early:
-        return Finding("entropy", "present", f"blow-up: max {_fmt(top)}, early {_fmt(early)}", nums)
-    return Finding(
-        "entropy", "absent", f"median {_fmt(now)}, max {_fmt(top)}, early {_fmt(early)}", nums
-    )
+        return Finding("entropy", "present", f"blow-up: max {_fmt(top)}, {base.text()}", nums)
+    return Finding("entropy", "absent", f"median {_fmt(now)}, max {_fmt(top)}, {base.text()}", nums)
 
 
 def _clip_series(series: Series) -> list[tuple[int, float]]:
@@ -274,32 +339,42 @@ def _clip_series(series: Series) -> list[tuple[int, float]]:
 
 
 def lr_divergence_rule(series: Series, step: int) -> Finding:
-    """Updates too large from the first steps: early median approx-KL >= `KL_LARGE`, with an
-    early median clipped share >= `CLIP_LARGE` or the gradient norm grown `GRAD_GROWTH`-fold."""
+    """Updates grown too large against the run's early steps: the window median approx-KL at
+    least `RISE_FACTOR` x its early median and `KL_LARGE`, or the clipped share at least
+    `RISE_FACTOR` x its early median and `CLIP_LARGE`, or the gradient norm `GRAD_GROWTH`-fold;
+    where the log has the learning rate (`lr`), only while it rose at least `LR_RISE`-fold (a
+    death spiral grows the gradients at a constant learning rate)."""
     name = "learning-rate divergence"
-    kl_pts = series.get("policy/approx_kl", ())
-    if not kl_pts:
-        return Finding(name, "not logged")
-    first = kl_pts[0][0]
-    last_early = first + EARLY - 1
-    kl = _median([v for s, v in kl_pts if s <= last_early])
-    if kl is None:
-        return Finding(name, "absent", "too few early approx-KL values")
-    nums, parts = {"approx_kl_early": kl}, [f"early median policy/approx_kl {_fmt(kl)}"]
-    clip = _median([v for s, v in _clip_series(series) if s <= last_early])
-    if clip is not None:
-        nums["clip_frac_early"] = clip
-        parts.append(f"early clipped share {_fmt(clip)}")
+    clip = {"policy/clip_frac": _clip_series(series)}
+    merged: dict[str, Sequence[tuple[int, float]]] = {**series, **clip}
+    parts, nums, grew = [], {}, False
+    for key, floor in (("policy/approx_kl", KL_LARGE), ("policy/clip_frac", CLIP_LARGE)):
+        rose, said, now = _rising(merged, key, step, floor)
+        if now is not None:
+            nums[key] = now
+            parts.append(said)
+            grew |= rose
     lo = step - WINDOW + 1
     grad_now = _median(_values(series, keys.GRAD_NORM, lo, step))
-    grad_early = _early(series, keys.GRAD_NORM, lo)
-    grew = False
-    if grad_now is not None and grad_early is not None and grad_early > 0:
-        nums["grad_norm_growth"] = grad_now / grad_early
-        parts.append(f"grad norm x{_fmt(grad_now / grad_early)} over its early median")
-        grew = grad_now >= GRAD_GROWTH * grad_early
-    large = kl >= KL_LARGE and ((clip is not None and clip >= CLIP_LARGE) or grew)
-    return Finding(name, "present" if large else "absent", "; ".join(parts), nums)
+    grad_early = baseline(series, keys.GRAD_NORM, lo)
+    if grad_now is not None and grad_early is not None and grad_early.median > 0:
+        growth = nums["grad_norm_growth"] = grad_now / grad_early.median
+        parts.append(f"grad norm x{_fmt(growth)} against {grad_early.text()}")
+        grew |= growth >= GRAD_GROWTH
+    if not nums:
+        return Finding(name, "not logged")
+    lr_now = _median(_values(series, LR_KEY, lo, step))
+    lr_early = baseline(series, LR_KEY, lo)
+    lr_rose = True  # without the learning rate in the log, the growth alone decides
+    if lr_now is not None and lr_early is not None and lr_early.median > 0:
+        nums["lr_growth"] = lr_now / lr_early.median
+        lr_rose = lr_now >= LR_RISE * lr_early.median
+        parts.append(
+            f"learning rate x{_fmt(lr_now / lr_early.median)} against its steps "
+            f"{lr_early.first}-{lr_early.last}"
+        )
+    present = grew and lr_rose
+    return Finding(name, "present" if present else "absent", "; ".join(parts), nums)
 
 
 def search_decline_rule(series: Series, step: int) -> Finding:
@@ -314,11 +389,12 @@ def search_decline_rule(series: Series, step: int) -> Finding:
         return Finding(name, "not logged")
     first = min(s for s, _ in series[key])
     verdict = declined(_values(series, key, first, min(first + EARLY - 1, lo - 1)), window)
-    if verdict is None:
-        return Finding(name, "absent", f"median {key} {_fmt(now)} (no early steps to compare)")
+    base = baseline(series, key, lo)
+    if verdict is None or base is None:
+        return Finding(name, "absent", f"median {key} {_fmt(now)} ({NO_BASELINE})")
     present, early, _ = verdict
     nums = {key: now, "valid_searches_early": early}
-    said = f"median {key} {_fmt(now)} against {_fmt(early)} early"
+    said = f"median {key} {_fmt(now)} against {base.text()}"
     return Finding(name, "present" if present else "absent", said, nums)
 
 
@@ -356,3 +432,80 @@ def run_events(rows: Sequence[Mapping[str, Any]], alarms: Sequence[Alarm]) -> li
         events.append(attribute(series, COLLAPSE, collapse))
     events += [attribute(series, a.kind, a.step) for a in alarms if a.severity != "info"]
     return events
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the report concludes about one run: whether and when it collapsed (censored when
+    the log ends too soon after), the mechanisms whose signatures depart from the run's early
+    steps in the window before the collapse (the causes it names), and the first critical
+    alarm, and the first one that came at least `LEAD` steps ahead."""
+
+    last_step: int
+    collapse_step: int | None = None
+    censored: bool = False
+    named: tuple[str, ...] = ()
+    """the mechanisms named as the collapse's cause (`MECHANISMS` names); empty: none"""
+    first_critical: Alarm | None = None
+    first_timely: Alarm | None = None
+
+    @property
+    def collapsed(self) -> bool:
+        """A collapse that is not censored."""
+        return self.collapse_step is not None and not self.censored
+
+    @property
+    def codes(self) -> tuple[str, ...]:
+        """The named mechanisms as codes (`lld`, `tool`, ...), each once."""
+        return tuple(dict.fromkeys(MECHANISM_CODES[m] for m in self.named))
+
+    def line(self, label: str) -> str:
+        """The verdict in one plain line, for the terminal."""
+        if self.collapse_step is None:
+            head = "did not collapse"
+        elif self.censored:
+            head = (
+                f"reward fell at step {self.collapse_step} but the log ends at step "
+                f"{self.last_step}: censored, nothing after step {self.last_step} was seen"
+            )
+        else:
+            head = f"collapsed at step {self.collapse_step}"
+        parts = [head]
+        if self.collapse_step is not None:
+            parts.append(
+                f"cause named: {', '.join(self.named)}" if self.named else "no known signature"
+            )
+        if self.first_timely is not None and self.collapse_step is not None:
+            a = self.first_timely
+            lead = self.collapse_step - a.step
+            parts.append(f"first timely alarm: {a.kind} at step {a.step} ({lead} steps ahead)")
+        elif self.collapse_step is not None:
+            parts.append(f"no critical alarm {LEAD} or more steps ahead")
+        elif self.first_critical is not None:
+            a = self.first_critical
+            parts.append(f"first critical alarm: {a.kind} at step {a.step}")
+        else:
+            parts.append("no critical alarm")
+        return f"{label}: " + "; ".join(parts)
+
+
+def verdict_of(rows: Sequence[Mapping[str, Any]], alarms: Sequence[Alarm]) -> Verdict:
+    """The report's verdict on a run from its rows and the alarms replayed on them."""
+    series = signal_series(rows)
+    steps = [s for s, _ in series.get(keys.REWARD_MEAN, ())]
+    last = int(as_float(rows[-1].get("step")) or len(rows)) if rows else 0
+    collapse = reward_collapse(series)
+    critical = [a for a in alarms if a.severity == "critical"]
+    first = critical[0] if critical else None
+    if collapse is None:
+        return Verdict(last, first_critical=first)
+    event = attribute(series, COLLAPSE, collapse)
+    timely = next((a for a in critical if a.step <= collapse - LEAD), None)
+    return Verdict(
+        last,
+        collapse,
+        censored(steps, collapse),
+        tuple(f.mechanism for f in event.with_status("present")),
+        first,
+        timely,
+    )

@@ -19,6 +19,11 @@ MIN_PEAK = 0.2
 """A run whose smoothed reward never reached this has no peak to fall from."""
 LLD_WINDOW = 50
 """Steps before a collapse in which the study looks for likelihood displacement."""
+CENSOR_STEPS = 30
+"""A collapse with fewer logged steps than this after it is censored: the collapse rule asks
+the reward to stay down to the end of the log, and a log that ends a few steps after a fall
+cannot say whether it would have recovered (continued runs overturned such end-of-log
+collapses)."""
 
 
 def median_window(values: Sequence[float | None], end: int, width: int) -> float | None:
@@ -44,6 +49,12 @@ def collapse_step(steps: Sequence[int], reward: Sequence[float]) -> int | None:
         elif low_since is None:
             low_since = i
     return steps[low_since] if low_since is not None else None
+
+
+def censored(steps: Sequence[int], collapse: int | None) -> bool:
+    """Whether a collapse at step `collapse` has fewer than `CENSOR_STEPS` logged steps after
+    it (False without a collapse)."""
+    return collapse is not None and sum(1 for s in steps if s > collapse) < CENSOR_STEPS
 
 
 def collapsed_steps(steps: Sequence[int], reward: Sequence[float]) -> tuple[int | None, int]:

@@ -22,10 +22,12 @@ from typing import Any
 from llds import metrics as keys
 from llds.errors import DataFormatError, UserInputError
 from llds.io import atomic_write, write_json
-from llds.monitor.alarms import Alarm, AlarmConfig, AlarmMonitor
+from llds.monitor.alarms import Alarm, AlarmMonitor
 from llds.monitor.phases import PHASES, PhaseLabel, phase_spans
+from llds.monitor.replay import monitor_config_from
 from llds.monitor.robust import as_float
-from llds.report.attribution import reward_collapse, run_events, signal_series
+from llds.monitor.settings import MonitorConfig
+from llds.report.attribution import Verdict, run_events, verdict_of
 from llds.report.collapse import MIN_PEAK, SMOOTH, median_window
 from llds.report.plots import (
     PHASE_COLORS,
@@ -47,6 +49,8 @@ from llds.report.run_info import (
     format_setting,
     held_out,
     load_config,
+    read_eval_json,
+    saved_monitor,
     settings_rows,
 )
 from llds.report.sources import SourceKind, find_source, read_source
@@ -82,18 +86,39 @@ class RunData:
     """held-out EM by step and the starting EM"""
     source: SourceKind = "native"
     """the format its metrics were read from"""
+    monitor: MonitorConfig | None = None
+    """the monitor settings its alarms were replayed with"""
+
+    @property
+    def verdict(self) -> Verdict:
+        """The report's verdict on it (`attribution.verdict_of`)."""
+        return verdict_of(self.rows, self.alarms)
 
 
-def load_eval(run_dir: Path) -> EvalResult | None:
+def load_eval(run_dir: Path, last_step: int) -> EvalResult | None:
     """The run's newest evaluation (`eval/step_N.json`, the periodic and final evaluations;
-    a single `eval.json` for runs written before that convention), or None."""
-    path = latest_eval_file(run_dir) or run_dir / EVAL_FILE
-    return EvalResult.read(path) if path.is_file() else None
+    a single `eval.json` for runs written before that convention, a study's by step
+    included: `run_info.read_eval_json`), or None."""
+    path = latest_eval_file(run_dir)
+    if path is not None:
+        return EvalResult.read(path)
+    legacy = run_dir / EVAL_FILE
+    return read_eval_json(legacy, last_step)[-1][1] if legacy.is_file() else None
 
 
-def load_run(run_dir: str | Path, label: str, config: AlarmConfig | None = None) -> RunData:
+def run_monitor_config(path: Path, source: SourceKind) -> MonitorConfig:
+    """The monitor settings a run ran with: its saved config's `monitor` section, else the
+    defaults (a TRL or veRL log, or a config saved before the monitor had settings)."""
+    if source != "native":
+        return MonitorConfig()
+    section, where = saved_monitor(path)
+    return monitor_config_from(section, str(where))
+
+
+def load_run(run_dir: str | Path, label: str, config: MonitorConfig | None = None) -> RunData:
     """Read a run's metrics (a native run directory, a TRL output directory, a veRL metrics
-    log: `sources.find_source`) and run the phase detector and alarms over them."""
+    log: `sources.find_source`) and run the phase detector and alarms over them, with `config`
+    or, when None, the run's own monitor settings."""
     path = Path(run_dir)
     source = find_source(path)
     rows = read_source(source)
@@ -102,15 +127,18 @@ def load_run(run_dir: str | Path, label: str, config: AlarmConfig | None = None)
     for i, row in enumerate(rows, 1):
         if not isinstance(row, dict):
             raise DataFormatError(f"{source.path}: row {i} is not a JSON object")
-    monitor = AlarmMonitor(config)
+    monitor = AlarmMonitor(config or run_monitor_config(path, source.kind))
     phases = []
     for row in rows:
         monitor.update(row)
         assert monitor.label is not None
         phases.append(monitor.label)
     last = phases[-1].step if phases else 0
+    used = monitor.config
     if source.kind != "native":  # evaluations and saved configs are the native run's files
-        return RunData(label, path, rows, phases, monitor.alarms, None, source=source.kind)
+        return RunData(
+            label, path, rows, phases, monitor.alarms, None, source=source.kind, monitor=used
+        )
     config = load_config(path)
     return RunData(
         label,
@@ -118,9 +146,10 @@ def load_run(run_dir: str | Path, label: str, config: AlarmConfig | None = None)
         rows,
         phases,
         monitor.alarms,
-        load_eval(path),
+        load_eval(path, last),
         config,
         held_out(path, config, last),
+        monitor=used,
     )
 
 
@@ -160,7 +189,8 @@ def summarize(run: RunData) -> dict[str, Any]:
     levels = reward_levels(run)
     serious = [a for a in run.alarms if a.severity != "info"]
     # the one collapse definition the attribution uses, so the page names one step
-    collapse = reward_collapse(signal_series(run.rows))
+    v = run.verdict
+    collapse = v.collapse_step
     detector = next((p.step for p in run.phases if p.phase == "collapse"), None)
     overall = run.eval.overall if run.eval is not None else None
     ho = run.held_out
@@ -197,8 +227,12 @@ def summarize(run: RunData) -> dict[str, Any]:
         "first_alarm_step": serious[0].step if serious else None,
         "first_alarm_kind": serious[0].kind if serious else None,
         "last_phase": run.phases[-1].phase if run.phases else None,
-        "collapsed": collapse is not None,
+        "collapsed": v.collapsed,
         "collapse_step": collapse,
+        "censored": v.censored,
+        "cause_named": list(v.named),
+        "first_timely_alarm_step": v.first_timely.step if v.first_timely else None,
+        "first_timely_alarm_kind": v.first_timely.kind if v.first_timely else None,
         "detector_collapse_step": detector,
         "phase_steps": {p: sum(1 for lab in run.phases if lab.phase == p) for p in PHASES},
     }
@@ -224,7 +258,12 @@ def _summary_table(summaries: Sequence[dict[str, Any]], colors: Sequence[str]) -
             else "none"
         )
         phase = s["last_phase"] or "unknown"
-        if s["collapsed"]:
+        if s["censored"]:
+            collapsed = (
+                f'<span class="warn">censored</span> <small>(fell at step {s["collapse_step"]}, '
+                f"the log ends at {s['steps']})</small>"
+            )
+        elif s["collapsed"]:
             collapsed = f'<span class="bad">yes, from step {s["collapse_step"]}</span>'
         elif not s["learned"]:
             collapsed = (
@@ -341,9 +380,12 @@ def write_report(
     run_dirs: Sequence[str | Path],
     out_dir: str | Path,
     labels: Sequence[str] | None = None,
-    config: AlarmConfig | None = None,
+    config: MonitorConfig | None = None,
+    verdicts: list[str] | None = None,
 ) -> Path:
-    """Write the comparison report for `run_dirs` into `out_dir`; returns the HTML path."""
+    """Write the comparison report for `run_dirs` into `out_dir`; returns the HTML path.
+    `config`: the monitor settings for every run (None: each run's own); `verdicts`, when
+    given, gets each run's verdict as one plain line (for the terminal)."""
     dirs = [Path(d) for d in run_dirs]
     if not dirs:
         raise UserInputError("no run directories given")
@@ -356,7 +398,7 @@ def write_report(
         RunSeries(r.label, c, r.rows, r.phases, r.alarms, r.held_out)
         for r, c in zip(runs, colors, strict=True)
     ]
-    cfg = config or AlarmConfig()
+    cfg = config or runs[0].monitor or MonitorConfig()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -382,6 +424,9 @@ def write_report(
 
     summaries = [summarize(r) for r in runs]
     events = [run_events(r.rows, r.alarms) for r in runs]
+    judged = [r.verdict for r in runs]
+    if verdicts is not None:
+        verdicts.extend(v.line(r.label) for v, r in zip(judged, runs, strict=True))
     per_run = "".join(
         f"<h3 style='color:{c}'>{html.escape(r.label)} "
         f"<small class='muted'>{html.escape(str(r.path))}</small></h3>"
@@ -403,7 +448,7 @@ def write_report(
         f"<p class='muted'>{len(runs)} run(s), generated {stamp}. Phases and alarms are "
         "recomputed from each run's metrics log (<code>metrics.jsonl</code>, a TRL trainer "
         "state or a veRL log) with the same detector the trainer runs online.</p>"
-        f"{verdict_box(names, colors, summaries, events)}{how_to_read(cfg)}"
+        f"{verdict_box(names, colors, summaries, events, judged)}{how_to_read(cfg)}"
         f"<h2>Summary</h2>{_summary_table(summaries, colors)}"
         f"<h2>Settings</h2>{differences_line(names, [r.config for r in runs])}"
         f"{_settings_table(runs, colors)}"

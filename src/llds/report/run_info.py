@@ -7,7 +7,9 @@ Everything here reads files and never imports torch, so a report renders on any 
 Where things are kept:
 - settings: `RUN/config.yaml` (what `llds demo` writes) or, failing that, the `config` of the
   newest `RUN/checkpoints/step_N/trainer_state.json` (what every trainer checkpoint holds);
-- evaluations: `RUN/eval/step_N.json` (`llds.runs.eval_result.eval_file`); the starting EM is
+- evaluations: `RUN/eval/step_N.json` (`llds.runs.eval_result.eval_file`), or a single
+  `RUN/eval.json`: an older run's final evaluation, or a study's `{"step_N": {scores}}` (its
+  evaluations by step, scores only); the starting EM is
   the run's own step-0 evaluation or, failing that, the warm start's: the model directory the
   config names, with its evaluation at `MODEL/../eval/step_000000.json` (the SFT output layout
   the demo writes) or, for a checkpoint `OTHER/checkpoints/step_N/model`, `OTHER/eval/step_N.json`.
@@ -18,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -222,9 +225,31 @@ def warm_start_eval_file(model_dir: Path) -> Path | None:
     return next((c for c in candidates if c.is_file()), None)
 
 
-def _point(step: int, path: Path) -> EvalPoint | None:
-    """The overall EM in an evaluation file; None when it scored no question."""
-    result = EvalResult.read(path)
+STUDY_EVAL_KEY = re.compile(r"step_(\d+)")
+"""A key of a study's `eval.json`: the step its scores were measured after."""
+
+
+def read_eval_json(path: Path, last_step: int) -> list[tuple[int, EvalResult]]:
+    """The evaluations in a run's single `eval.json`, by step: a study's `{"step_N": {scores}}`
+    gives one per key; an `EvalResult` file (an older run's final evaluation) is placed at
+    `last_step`."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise DataFormatError(f"{path}: not valid JSON ({exc})") from exc
+    if isinstance(data, Mapping) and data and all(STUDY_EVAL_KEY.fullmatch(str(k)) for k in data):
+        found = []
+        for key, scores in data.items():
+            step = int(STUDY_EVAL_KEY.fullmatch(str(key)).group(1))  # type: ignore[union-attr]
+            found.append((step, EvalResult.from_dict({"overall": scores}, f"{path}: {key}")))
+        return sorted(found, key=lambda pair: pair[0])
+    return [(last_step, EvalResult.from_dict(data, str(path)))]
+
+
+def _point(step: int, path: Path, result: EvalResult | None = None) -> EvalPoint | None:
+    """The overall EM in an evaluation (read from `path` unless given); None when it scored
+    no question."""
+    result = result if result is not None else EvalResult.read(path)
     overall = result.overall
     if overall.n == 0 or math.isnan(overall.em):
         return None
@@ -239,14 +264,16 @@ def _point(step: int, path: Path) -> EvalPoint | None:
 def held_out(run_dir: str | Path, config: Mapping[str, Any] | None, last_step: int) -> HeldOut:
     """The run's held-out EM by step and its starting EM.
 
-    A run written before the `eval/step_N.json` convention has a single `eval.json`, the
-    evaluation of its final model: it is placed at `last_step`."""
+    A run written before the `eval/step_N.json` convention has a single `eval.json`
+    (`read_eval_json`): a study's evaluations by step, or the final model's, placed at
+    `last_step`."""
     run = Path(run_dir)
     files = eval_files(run)
     found = [p for p in (_point(step, path) for step, path in files) if p is not None]
-    if not files and (run / LEGACY_EVAL_FILE).is_file():
-        legacy = _point(last_step, run / LEGACY_EVAL_FILE)
-        found = [legacy] if legacy is not None else []
+    legacy = run / LEGACY_EVAL_FILE
+    if not files and legacy.is_file():
+        points = (_point(step, legacy, r) for step, r in read_eval_json(legacy, last_step))
+        found = [p for p in points if p is not None]
     start = next((p for p in found if p.step == 0), None)
     if start is not None:
         return HeldOut(tuple(found), start, "step-0 evaluation")

@@ -14,7 +14,17 @@ from typing import Any
 
 from llds import metrics as keys
 from llds.monitor.settings import MonitorConfig, configured_detectors
-from llds.report.attribution import COLLAPSE, STABILIZERS, WINDOW, Event, Finding
+from llds.report.attribution import (
+    COLLAPSE,
+    EARLY,
+    LEAD,
+    STABILIZERS,
+    WINDOW,
+    Event,
+    Finding,
+    Verdict,
+)
+from llds.report.collapse import CENSOR_STEPS
 from llds.report.plots import (
     DISPLACEMENT,
     POS_FELL,
@@ -156,15 +166,23 @@ def _stabilizers_text(findings: Sequence[Finding]) -> str:
     return "; ".join(answers)
 
 
-def verdict(summary: Mapping[str, Any], events: Sequence[Event]) -> str:
+def verdict(summary: Mapping[str, Any], events: Sequence[Event], v: Verdict) -> str:
     """One run's verdict, the first thing the report says about it: collapsed or not by the
-    pre-registered definition (the step the attribution names), the signatures present in the
-    window before the collapse (else before the first alarm) with their numbers, and the
-    stabilizer docs/stabilizers.md names for each; "did not learn" only when neither the
-    training reward nor the held-out EM (where evaluated) rose."""
+    pre-registered definition (censored when fewer than `CENSOR_STEPS` steps were logged after
+    it), the cause named (the signatures that depart from the run's early steps in the window
+    before the collapse, else "no known signature") with the stabilizer docs/stabilizers.md
+    names for each, and the first critical alarm that came at least `LEAD` steps ahead; "did not
+    learn" only when neither the training reward nor the held-out EM (where evaluated) rose.
+    Without a collapse, the signatures before the first alarm are listed, not named causes."""
     collapse = next((e for e in events if e.kind == COLLAPSE), None)
     alarm = next((e for e in events if e.kind != COLLAPSE), None)
-    if collapse is not None:
+    if collapse is not None and v.censored:
+        head = (
+            f"<span class='warn'>reward fell to half its peak at step {collapse.step}, "
+            f"censored</span>: the log ends at step {v.last_step}, fewer than {CENSOR_STEPS} "
+            f"steps later; nothing after step {v.last_step} was seen"
+        )
+    elif collapse is not None:
         head = f"<span class='bad'>collapsed at step {collapse.step}</span>"
     elif not summary["learned"]:
         head = (
@@ -173,22 +191,47 @@ def verdict(summary: Mapping[str, Any], events: Sequence[Event]) -> str:
         )
     else:
         head = "<span class='good'>did not collapse</span>"
+    alarm_said = _timely_text(v)
     event = collapse or alarm
     if event is None:
         return f"<p>{head}; no warning or critical alarm.</p>"
-    where = (
-        "before it"
-        if event is collapse
-        else f"before the first alarm ({_code(event.kind)}, step {event.step})"
-    )
-    present = event.with_status("present")
-    if not present:
-        return f"<p>{head}; no known signature in the {WINDOW} steps {where}.</p>"
+    lo = max(1, event.step - WINDOW + 1)
+    baseline = f"against the run's own first {EARLY} steps before step {lo}"
+    if event is collapse:
+        present = collapse.with_status("present")
+        if not present:
+            return (
+                f"<p>{head}; <b>no known signature</b>: nothing in the {WINDOW} steps before it "
+                f"departs from its healthy baseline ({baseline}). {alarm_said}</p>"
+            )
+        return (
+            f"<p>{head}; <b>cause named</b>: {_findings_text(present, True)} (the {WINDOW} "
+            f"steps before it, {baseline}). {alarm_said}<br><b>Stabilizers</b> "
+            f"(docs/stabilizers.md): {_stabilizers_text(present)}.</p>"
+        )
+    assert alarm is not None
+    where = f"before the first alarm ({_code(alarm.kind)}, step {alarm.step})"
+    present = alarm.with_status("present")
+    said = _findings_text(present, True) if present else "none"
     return (
-        f"<p>{head}; signatures in the {WINDOW} steps {where}: "
-        f"{_findings_text(present, True)}.<br><b>Stabilizers</b> "
-        f"(docs/stabilizers.md): {_stabilizers_text(present)}.</p>"
+        f"<p>{head}; signatures in the {WINDOW} steps {where}, {baseline}: {said}. {alarm_said}</p>"
     )
+
+
+def _timely_text(v: Verdict) -> str:
+    """The first critical alarm, and whether it came in time (`LEAD` steps ahead)."""
+    if v.collapse_step is not None and v.first_timely is not None:
+        a = v.first_timely
+        return (
+            f"First timely alarm: {_code(a.kind)} at step {a.step}, "
+            f"{v.collapse_step - a.step} steps ahead."
+        )
+    if v.collapse_step is not None:
+        return f"No critical alarm came {LEAD} or more steps ahead."
+    if v.first_critical is not None:
+        a = v.first_critical
+        return f"First critical alarm: {_code(a.kind)} at step {a.step}."
+    return "No critical alarm."
 
 
 def verdict_box(
@@ -196,17 +239,21 @@ def verdict_box(
     colors: Sequence[str],
     summaries: Sequence[Mapping[str, Any]],
     events: Sequence[Sequence[Event]],
+    verdicts: Sequence[Verdict],
 ) -> str:
     """Every run's verdict, in one box at the top of the report."""
     rows = "".join(
         f"<div class='verdict-run'><span class='swatch' style='background:{c}'></span>"
-        f"<b>{html.escape(label)}</b>: {verdict(s, e)}</div>"
-        for label, c, s, e in zip(labels, colors, summaries, events, strict=True)
+        f"<b>{html.escape(label)}</b>: {verdict(s, e, v)}</div>"
+        for label, c, s, e, v in zip(labels, colors, summaries, events, verdicts, strict=True)
     )
     note = (
         "<p class='muted'>Collapse: the 10-step median training reward stays at or below half "
-        "of its running peak (at least 0.2) to the end of the run. A signature is a pattern in "
-        "the signals before the event, not its established cause.</p>"
+        f"of its running peak (at least 0.2) to the end of the run, with at least {CENSOR_STEPS} "
+        "steps logged after it (else censored). A cause is named only where a signature departs "
+        f"from the run's own first {EARLY} steps; it is a pattern in the signals before the "
+        f"collapse, not an established cause. A timely alarm is a critical one at least {LEAD} "
+        "steps ahead.</p>"
     )
     return f"<div class='verdict'><h2>Verdict</h2>{rows}{note}</div>"
 
@@ -327,7 +374,10 @@ def heldout_caption(runs: Sequence[RunSeries]) -> str:
             named = ", ".join(f"{html.escape(name)} ({n} questions)" for name, n in sets.items())
             text += f"; thin lines by question source: {named}"
         parts.append(text if shared else f"{text}; {_start_text(held)}")
-    intro = "Greedy exact match on held-out questions (<code>RUN/eval/step_N.json</code>)."
+    intro = (
+        "Greedy exact match on held-out questions (<code>RUN/eval/step_N.json</code>, or a "
+        "study's <code>RUN/eval.json</code> by step)."
+    )
     if shared:
         first = runs[0].held_out
         assert first is not None
