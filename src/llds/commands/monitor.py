@@ -21,8 +21,9 @@ HELP = "replay the collapse alarms on a run's log, or score them on a corpus of 
 
 def load_with_saved_monitor(cls: type, run_key: str) -> Any:
     """A loader (`path, overrides -> config`) for a config with a `monitor` section: the run's
-    saved `monitor` section (the run named by `run_key`), then `--config FILE`'s `monitor`
-    section (a training config or any YAML with one), then the command-line overrides."""
+    saved `monitor` section (the run named by `run_key`; "": none), then `--config FILE`'s
+    `monitor` section (a training config or any YAML with one), then the command-line
+    overrides."""
     from llds.config.loader import (
         COMMAND_LINE,
         Gathered,
@@ -38,7 +39,7 @@ def load_with_saved_monitor(cls: type, run_key: str) -> Any:
     def load(path: str | Path | None, overrides: Mapping[str, Any]) -> Any:
         given = plain_overrides(nest(overrides), cls)
         got = Gathered()
-        run = given.get(run_key)
+        run = given.get(run_key) if run_key else None
         if isinstance(run, str) and run:
             section, where = saved_monitor(run)
             if section is not None:
@@ -107,4 +108,53 @@ def load_replay(path: str | Path | None, overrides: Mapping[str, Any]) -> Any:
     return load_with_saved_monitor(ReplayConfig, "run")(path, overrides)
 
 
-SUBCOMMANDS = {"replay": replay}
+def _score(cfg: Any, args: argparse.Namespace) -> int:
+    import csv
+
+    from llds.errors import UserInputError
+    from llds.monitor.alarms import scan_alarms
+    from llds.monitor.scoring import Outcome, parse_manifest, score, scorecard_line, table
+    from llds.report.attribution import verdict_of
+    from llds.report.sources import find_source, read_source
+
+    corpus = Path(cfg.corpus)
+    manifest = corpus / "manifest.csv"
+    if not manifest.is_file():
+        raise UserInputError(f"{manifest} does not exist (a corpus folder holds manifest.csv)")
+    with manifest.open(newline="", encoding="utf-8") as f:
+        runs = parse_manifest(csv.DictReader(f), str(manifest))
+    chosen = [r for r in runs if r.split == cfg.split]
+    if not chosen:
+        raise UserInputError(f"{manifest}: no run in split {cfg.split}")
+    outcomes = []
+    for r in chosen:
+        rows = read_source(find_source(corpus / r.run))
+        alarms = scan_alarms(rows, cfg.monitor)
+        critical = tuple(a.step for a in alarms if a.severity == "critical")
+        outcomes.append(Outcome(r, critical, verdict_of(rows, alarms).codes))
+    card = score(outcomes, cfg.split, cfg.lead)
+    for line in table(card, cfg.lead):
+        print(line)
+    print(scorecard_line(card))
+    return 0
+
+
+score_command = SimpleNamespace(
+    HELP="score the alarms on a corpus split: collapses warned in time, false critical alarms",
+    CONFIG="llds.monitor.scoring:ScoreConfig",
+    LOAD="llds.commands.monitor:load_score",
+    ALIASES={"--split": "split", "--lead": "lead"},
+    REST=("corpus", ", and the corpus folder (with manifest.csv)"),
+    run=_score,
+)
+
+
+def load_score(path: str | Path | None, overrides: Mapping[str, Any]) -> Any:
+    """`llds monitor score`'s loader: the settings under test are `--config FILE`'s monitor
+    section and the overrides (no run's saved ones: `corpus` names no run)."""
+    from llds.monitor.scoring import ScoreConfig
+
+    return load_with_saved_monitor(ScoreConfig, "")(path, overrides)
+
+
+SUBCOMMANDS = {"replay": replay, "score": score_command}

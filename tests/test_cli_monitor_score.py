@@ -1,0 +1,167 @@
+"""`llds monitor score CORPUS --split S` on a tiny corpus built here, checked against counts made
+by hand, and the scoring functions on their own.
+
+The critical alarms are placed by hand: every built-in detector is switched off and one test
+detector, `test_critical`, fires at each step whose row has `test/critical`. The report's
+attribution reads the rows: reward 0.6 to step 94, then 0.1 (the pre-registered collapse at
+step 100, with 40 steps logged after it); an LLD run's share of reinforced responses that fell
+goes 0.2 -> 0.8 at step 41, a mismatch run's k3 KL 0.001 -> 0.01 at step 41.
+
+The judge split, by hand (collapse at 100, lead >= 20):
+- lld seed 1: cause 40, critical at 70: warned in time, lead 30; LLD named: attributed.
+- lld seed 2: cause 40, critical at 85: 15 steps ahead, late; its share stays 0.2: no known
+  signature, not attributed.
+- lld+llds seed 1: cause 40, no collapse: not among the collapses.
+- mismatch seed 1: cause 40, critical at 30 (before the onset, passed over) and 75: lead 25;
+  mismatch named: attributed.
+- tool seed 1: cause 50, censored (no collapse_step), critical at 60: not among the collapses.
+- none seeds 1, 2: seed 2 has a critical alarm at 50: 1 false of 2 healthy = 5.0 per 10.
+Collapses 3; in time 2 (lld 1, mismatch 1); attributed 2. A tune row (lld seed 3) and a tune
+healthy run with a critical alarm stay out of the judge split.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from llds.cli import main
+from llds.errors import DataFormatError
+from llds.io import write_jsonl
+from llds.monitor import DetectorSettings, Firing, register_detector
+from llds.monitor.alarms import ALARM_KINDS
+from llds.monitor.scoring import CorpusRun, Outcome, parse_manifest, score, scorecard_line
+
+STEPS = 140
+
+
+@register_detector(
+    "test_critical",
+    severity="critical",
+    mechanism="unspecific",
+    settings=DetectorSettings,
+    describe=lambda s, p: "a critical alarm wherever the row has test/critical",
+)
+class HandPlacedCritical:
+    def __init__(self, settings: DetectorSettings) -> None:
+        pass
+
+    def update(self, view) -> Firing | None:
+        return Firing("placed by hand") if view.row.get("test/critical") else None
+
+
+def rows(critical: tuple[int, ...] = (), collapse: bool = True, **late: float) -> list[dict]:
+    """`late`: metric (`__` for `/`) -> (before, from step 41) as a 2-tuple."""
+    out = []
+    for s in range(1, STEPS + 1):
+        row: dict[str, Any] = {"step": s, "reward/mean": 0.6 if s < 95 or not collapse else 0.1}
+        for name, (before, after) in late.items():
+            row[name.replace("__", "/")] = before if s <= 40 else after
+        if s in critical:
+            row["test/critical"] = 1.0
+        out.append(row)
+    return out
+
+
+CORPUS = [
+    # run, mechanism, seed, split, cause_step, collapse_step, rows
+    ("lld/s1", "lld", 1, "judge", 40, 100, rows((70,), lld__share_pos_fell=(0.2, 0.8))),
+    ("lld/s2", "lld", 2, "judge", 40, 100, rows((85,), lld__share_pos_fell=(0.2, 0.2))),
+    ("lld_llds/s1", "lld+llds", 1, "judge", 40, None, rows(collapse=False)),
+    ("mismatch/s1", "mismatch", 1, "judge", 40, 100, rows((30, 75), mismatch__k3_kl=(1e-3, 1e-2))),
+    ("tool/s1", "tool", 1, "judge", 50, None, rows((60,))),
+    ("none/s1", "none", 1, "judge", None, None, rows(collapse=False)),
+    ("none/s2", "none", 2, "judge", None, None, rows((50,), collapse=False)),
+    ("lld/s3", "lld", 3, "tune", 40, 100, rows((70,), lld__share_pos_fell=(0.2, 0.8))),
+    ("none/s3", "none", 3, "tune", None, None, rows((50,), collapse=False)),
+]
+
+
+def make_corpus(root: Path) -> Path:
+    with (root / "manifest.csv").open("w", newline="", encoding="utf-8") as f:
+        out = csv.writer(f)
+        out.writerow(["run", "mechanism", "seed", "split", "cause_step", "collapse_step"])
+        for run, mechanism, seed, split, cause, collapse, log in CORPUS:
+            write_jsonl(root / run / "metrics.jsonl", log)
+            out.writerow([run, mechanism, seed, split, cause or "", collapse or ""])
+    settings = {name: {"enabled": False} for name in ALARM_KINDS}
+    config = {"monitor": {"alarms": settings, "extra_alarms": {"test_critical": {}}}}
+    (root / "hand.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
+    return root
+
+
+def run_score(root: Path, split: str, capsys) -> tuple[int, list[str], str]:
+    rc = main(
+        ["monitor", "score", str(root), "--split", split, "--config", str(root / "hand.yaml")]
+    )
+    out = capsys.readouterr()
+    return rc, out.out.splitlines(), out.err
+
+
+def test_the_judge_scorecard_is_the_hand_count(tmp_path, capsys) -> None:
+    rc, lines, err = run_score(make_corpus(tmp_path), "judge", capsys)
+    assert rc == 0, err
+    assert lines[-1] == "scorecard: timely=2/3 false_critical_per_10_healthy=5.0 attributed=2/3"
+    by = {line.split()[0]: line.split() for line in lines[2:-1]}
+    # mechanism runs collapses warned_in_time median_lead attributed with_critical
+    assert by["lld"][:7] == ["lld", "2", "2", "1", "30", "1", "2"]
+    assert by["mismatch"][:7] == ["mismatch", "1", "1", "1", "25", "1", "1"]
+    assert by["lld+llds"][:4] == ["lld+llds", "1", "0", "0"]
+    assert by["tool"][:4] == ["tool", "1", "0", "0"]
+    assert by["none"][:3] == ["none", "2", "0"] and by["none"][6] == "1"
+    assert lines[-2].startswith("none")  # the healthy runs last
+
+
+def test_the_tune_split_is_scored_apart(tmp_path, capsys) -> None:
+    rc, lines, _ = run_score(make_corpus(tmp_path), "tune", capsys)
+    assert rc == 0
+    assert lines[-1] == "scorecard: timely=1/1 false_critical_per_10_healthy=10.0 attributed=1/1"
+
+
+def test_a_bad_manifest_is_one_line(tmp_path, capsys) -> None:
+    root = make_corpus(tmp_path)
+    text = (root / "manifest.csv").read_text(encoding="utf-8")
+    (root / "manifest.csv").write_text(text.replace("judge", "jugde", 1), encoding="utf-8")
+    rc, lines, err = run_score(root, "judge", capsys)
+    assert rc == 2 and lines == []
+    assert "manifest.csv: row 2: split: expected one of tune, judge, heldout, got 'jugde'" in err
+    assert len(err.strip().splitlines()) == 1
+    rc = main(["monitor", "score", str(root), "--split", "later"])
+    assert rc == 2 and "split" in capsys.readouterr().err
+
+
+def outcome(mechanism, cause, collapse, critical, named=()) -> Outcome:
+    return Outcome(CorpusRun("r", mechanism, 0, "judge", cause, collapse), critical, named)
+
+
+def test_lead_counts_from_the_first_critical_alarm_after_the_onset() -> None:
+    assert outcome("lr", 50, 100, (40, 80)).lead() == 20  # 40 is before the onset
+    assert outcome("lr", 50, 100, (40, 81)).lead() is None  # 19 ahead
+    assert outcome("lr", 50, 100, (40, 81)).lead(lead=10) == 19
+    assert outcome("lr", 50, None, (60,)).lead() is None  # no collapse
+    assert outcome("lld+llds", 50, 100, (), ("lld",)).attributed  # the arm's mechanism is lld
+    assert not outcome("lld", 50, 100, (), ("lld", "entropy")).attributed  # exactly one
+
+
+def test_no_healthy_run_gives_no_false_alarm_rate() -> None:
+    card = score([outcome("lr", 10, 60, (30,), ("lr",))], "judge")
+    assert scorecard_line(card) == (
+        "scorecard: timely=1/1 false_critical_per_10_healthy=n/a attributed=1/1"
+    )
+
+
+def test_parse_manifest_names_the_row_and_column() -> None:
+    good = {"run": "a", "mechanism": "lr", "seed": "1", "split": "tune"}
+    runs = parse_manifest([{**good, "cause_step": "40", "collapse_step": ""}], "m.csv")
+    assert runs == [CorpusRun("a", "lr", 1, "tune", 40, None)]
+    with pytest.raises(DataFormatError, match=r"m\.csv: row 2: cause_step: required"):
+        parse_manifest([{**good, "cause_step": "", "collapse_step": ""}], "m.csv")
+    with pytest.raises(DataFormatError, match="row 3: collapse_step: expected a step number"):
+        rows = [{**good, "cause_step": "4", "collapse_step": x} for x in ("", "soon")]
+        parse_manifest(rows, "m.csv")
+    with pytest.raises(DataFormatError, match="missing column"):
+        parse_manifest([good], "m.csv")
