@@ -6,6 +6,7 @@ of the same trunk."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ ONSET, END = 2, 4
 def _load(name: str):
     spec = importlib.util.spec_from_file_location(name, HERE / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
@@ -167,3 +169,61 @@ def test_every_cause_run_has_a_split_and_the_held_out_mechanism_is_whole():
     assert S.split_of("lr", 3) == "tune" and S.split_of("lr", 4) == "judge"
     assert S.split_of("none", 8) == "tune" and S.split_of("none", 16) == "judge"
     assert S.mechanism_of("mismatch+tis") == "none"
+
+
+collect = _load("corpus_collect")
+
+
+def test_the_committed_tables_recompute_from_the_committed_logs():
+    """manifest.csv, summary.json and pilot.json are what the collector computes from the
+    committed logs (never edited by hand)."""
+    import csv
+    import json
+    from dataclasses import asdict
+
+    pilot = collect.pilot_outcomes(S.RUNS / "pilot")
+    assert pilot, "the pilot's logs are committed"
+    committed = json.loads((S.HERE / "pilot.json").read_text())
+    assert committed == json.loads(
+        json.dumps({"runs": [asdict(o) for o in pilot], "choice": collect.pilot_choice(pilot)})
+    )
+    if not (S.HERE / "manifest.csv").is_file():
+        return  # the corpus's own runs are not committed yet: the pilot is all there is
+    outcomes = collect.corpus_outcomes(S.RUNS)
+    with (S.HERE / "manifest.csv").open(newline="", encoding="utf-8") as f:
+        assert list(csv.DictReader(f)) == collect.manifest_rows(outcomes)
+    signals = collect.signal_table(S.RUNS, outcomes)
+    summary = json.loads(json.dumps({**collect.summary(outcomes), "signals": signals}))
+    assert json.loads((S.HERE / "summary.json").read_text()) == summary
+
+
+def test_the_collapse_rule_censors_and_names_abrupt_collapses():
+    def rows(rewards):
+        return [{"step": i + 1, "reward/mean": r} for i, r in enumerate(rewards)]
+
+    healthy = [0.6] * 100
+    # falls to 0 from step 71; by hand, the 10-step median is 0.3 (half the peak) at step 75,
+    # 14 steps after a cause at 61: abrupt; 35 steps logged after it: not censored
+    fast = [0.6] * 70 + [0.0] * 40
+    o = collect.outcome("r", "lr", 0, rows(fast), S.ONSET + 1)
+    assert o.collapse == 75 and o.abrupt and not o.censored and o.collapsed
+    # the same fall with fewer than 30 steps after the collapse step: censored
+    o = collect.outcome("r", "lr", 0, rows([0.6] * 70 + [0.0] * 20), S.ONSET + 1)
+    assert o.censored and not o.collapsed
+    # a fall 54 steps after the onset (collapse step 115), 35 steps logged after: neither
+    o = collect.outcome("r", "lr", 0, rows([0.6] * 110 + [0.0] * 40), S.ONSET + 1)
+    assert o.collapse == 115 and o.collapsed and not o.abrupt
+    # a trunk that had already collapsed before the onset is not usable
+    o = collect.outcome("r", "lr", 0, rows([0.6] * 20 + [0.0] * 80), S.ONSET + 1)
+    assert not o.onset_healthy
+    assert collect.outcome("r", "none", 0, rows(healthy), None).collapse is None
+
+
+def test_the_lld_share_is_pooled_over_responses_not_averaged_over_steps():
+    rows = [
+        {"step": 1, "lld/frac_pos_fell": 1.0, "lld/pos_responses": 1.0},
+        {"step": 2, "lld/frac_pos_fell": 0.0, "lld/pos_responses": 9.0},
+        {"step": 3, "lld/frac_pos_fell": 0.5, "lld/pos_responses": 0.0},
+    ]
+    assert collect.pooled_share(rows, 1, 3) == pytest.approx(0.1)  # 1 of 10, not 0.5
+    assert collect.pooled_share(rows, 3, 3) is None

@@ -165,27 +165,27 @@ def corpus_jobs(seeds: list[int], arms: list[str]) -> tuple[list, list]:
 
 
 def execute(trunks: list, branches: list, parallel: int) -> None:
-    """Every unfinished trunk, then each of its unfinished branches as soon as it is done,
-    `parallel` processes at a time."""
+    """Every unfinished run, `parallel` processes at a time, seed by seed: a trunk's branches go
+    to the front of the queue once it is done, so that a seed's runs finish together (and on
+    one machine) before the next seed's trunk starts."""
     waiting: dict[str, list] = {}
     for job in branches:
         waiting.setdefault(job[3], []).append(job)
+    queue = list(trunks)
     with ProcessPoolExecutor(parallel, mp_context=get_context("spawn")) as pool:
         running: dict[Future, tuple] = {}
-
-        def submit(job) -> None:
-            steps = S.STEPS if job[3] is not None else S.ONSET
-            if _finished(Path(job[0]), steps):
-                if job[3] is None:
-                    for b in waiting.pop(job[0], []):
-                        submit(b)
-                return
-            _log(f"start {job[0]}")
-            running[pool.submit(run_leg, *job)] = job
-
-        for job in trunks:
-            submit(job)
-        while running:
+        while queue or running:
+            while queue and len(running) < parallel:
+                job = queue.pop(0)
+                steps = S.STEPS if job[3] is not None else S.ONSET
+                if _finished(Path(job[0]), steps):
+                    if job[3] is None:
+                        queue[:0] = waiting.pop(job[0], [])
+                    continue
+                _log(f"start {job[0]}")
+                running[pool.submit(run_leg, *job)] = job
+            if not running:
+                continue
             done, _ = wait(running, return_when=FIRST_COMPLETED)
             for fut in done:
                 job = running.pop(fut)
@@ -196,8 +196,7 @@ def execute(trunks: list, branches: list, parallel: int) -> None:
                     continue
                 _log(f"done {job[0]}")
                 if job[3] is None:
-                    for b in waiting.pop(job[0], []):
-                        submit(b)
+                    queue[:0] = waiting.pop(job[0], [])
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import corpus_study as S
+from llds.analysis.study_logs import run_rows
 from llds.report.collapse import collapse_step, median_window
 from llds.runs.tracking import read_metrics
 
@@ -99,16 +100,19 @@ def _finished_runs(root: Path) -> list[tuple[str, int, Path]]:
 def copy_logs(run_dir: Path, dest: Path) -> None:
     """A run's logs (not its checkpoints) into `dest`, the per-step log gzipped."""
     dest.mkdir(parents=True, exist_ok=True)
-    with (
-        (run_dir / "metrics.jsonl").open("rb") as src,
-        gzip.open(dest / "metrics.jsonl.gz", "wb", mtime=0) as out,
-    ):
-        shutil.copyfileobj(src, out)
+    data = (run_dir / "metrics.jsonl").read_bytes()
+    # mtime 0: the same log gives the same bytes, so collecting again changes nothing in git
+    (dest / "metrics.jsonl.gz").write_bytes(gzip.compress(data, mtime=0))
     for name in ("alarms.jsonl", "config.json", "machines.jsonl"):
         if (run_dir / name).is_file():
             shutil.copy2(run_dir / name, dest / name)
-    if (run_dir / "eval").is_dir():
-        shutil.copytree(run_dir / "eval", dest / "eval", dirs_exist_ok=True)
+    evals = {
+        f.stem: json.loads(f.read_text(encoding="utf-8"))["overall"]
+        for f in sorted((run_dir / "eval").glob("step_*.json"))
+    }
+    # each evaluation's overall figures, as the other studies commit them (the per-question
+    # records stay with the run: 47 kB an evaluation)
+    _write(dest / "eval.json", json.dumps(evals, indent=1, sort_keys=True) + "\n")
 
 
 # ------------------------------------------------------------------ reading them back
@@ -124,7 +128,7 @@ def corpus_outcomes(runs_root: Path) -> list[RunOutcome]:
             seed = int(run_dir.name[4:])
             cause = None if S.mechanism_of(arm) == "none" else S.ONSET + 1
             rel = run_dir.relative_to(S.HERE).as_posix()
-            out.append(outcome(rel, arm, seed, read_metrics(run_dir), cause))
+            out.append(outcome(rel, arm, seed, run_rows(run_dir), cause))
     return out
 
 
@@ -149,6 +153,114 @@ def manifest_rows(outcomes: list[RunOutcome]) -> list[dict[str, str]]:
             }
         )
     return rows
+
+
+SIGNALS = (
+    "reward/mean",
+    "policy/entropy",
+    "policy/grad_norm",
+    "policy/ratio_max",
+    "lld/logp_correct",
+    "rollout/valid_searches",
+    "rollout/response_tokens",
+    "turns/void_share",
+)
+"""the per-step metrics whose course before a collapse the summary shows"""
+BASELINE = (S.ONSET - 19, S.ONSET)
+"""the run's own healthy window: the last 20 trunk steps before the onset"""
+WINDOWS = {"before 50-21": (-50, -21), "before 20-1": (-20, -1)}
+"""windows before the collapse step (or before the same step in a run that did not collapse)"""
+
+
+def _window_mean(rows: list[dict], lo: int, hi: int, key: str) -> float | None:
+    vals = [float(r[key]) for r in rows if lo <= r["step"] <= hi and r.get(key) is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def pooled_share(rows: list[dict], lo: int, hi: int) -> float | None:
+    """The LLD share pooled over responses: pushed-up responses that lost likelihood over all
+    pushed-up responses of steps lo..hi (not a mean of per-step shares)."""
+    fell = pos = 0.0
+    for r in rows:
+        if lo <= r["step"] <= hi and r.get("lld/pos_responses"):
+            n = float(r["lld/pos_responses"])
+            fell += float(r["lld/frac_pos_fell"]) * n
+            pos += n
+    return fell / pos if pos else None
+
+
+def signals_before(rows: list[dict], at: int) -> dict[str, dict[str, float | None]]:
+    """Each signal's mean over the healthy baseline and over each window before step `at`, and
+    the pooled LLD share over the same steps."""
+    spans = {"baseline": BASELINE, **{k: (at + a, at + b) for k, (a, b) in WINDOWS.items()}}
+    out: dict[str, dict[str, float | None]] = {}
+    for name, (lo, hi) in spans.items():
+        row: dict[str, float | None] = {key: _window_mean(rows, lo, hi, key) for key in SIGNALS}
+        row["lld_share_pooled"] = pooled_share(rows, lo, hi)
+        out[name] = row
+    return out
+
+
+def signal_table(runs_root: Path, outcomes: list[RunOutcome]) -> list[dict]:
+    """For every gradual collapse: the signals before it, and the seed's control over the
+    same steps."""
+    out = []
+    for o in outcomes:
+        if not o.collapsed or o.abrupt or S.mechanism_of(o.arm) == "none" or o.collapse is None:
+            continue
+        rows = run_rows(S.HERE / o.run)
+        control_dir = runs_root / S.arm_folder("none") / f"seed{o.seed}"
+        control = run_rows(control_dir) if control_dir.is_dir() else []
+        out.append(
+            {
+                "run": o.run,
+                "arm": o.arm,
+                "seed": o.seed,
+                "collapse": o.collapse,
+                "cause": signals_before(rows, o.collapse),
+                "control": signals_before(control, o.collapse) if control else None,
+            }
+        )
+    return out
+
+
+def _ratio(sig: dict, window: str, key: str) -> float | None:
+    base, val = sig["baseline"].get(key), sig[window].get(key)
+    if base is None or val is None or base == 0:
+        return None
+    return val / base
+
+
+def signals_markdown(table: list[dict]) -> list[str]:
+    """Per arm, the median over its gradual collapses of each signal's mean in the 20 steps
+    before the collapse over its own baseline; in brackets the controls' same ratio."""
+    keys = (*SIGNALS, "lld_share_pooled")
+    lines = [
+        "",
+        "Signals in the 20 steps before each gradual collapse, as a ratio to the run's own "
+        f"steps {BASELINE[0]}-{BASELINE[1]} (median over the arm's collapses; in brackets the "
+        "seeds' controls over the same steps):",
+        "",
+        "| arm | collapses | " + " | ".join(keys) + " |",
+        "|---|---|" + "---|" * len(keys),
+    ]
+    for arm in S.ARMS:
+        rows = [t for t in table if t["arm"] == arm]
+        if not rows:
+            continue
+        cells = []
+        for key in keys:
+            mine = [r for t in rows if (r := _ratio(t["cause"], "before 20-1", key)) is not None]
+            ctrl = [
+                r
+                for t in rows
+                if t["control"] and (r := _ratio(t["control"], "before 20-1", key)) is not None
+            ]
+            a = f"{statistics.median(mine):.2f}" if mine else "-"
+            b = f"{statistics.median(ctrl):.2f}" if ctrl else "-"
+            cells.append(f"{a} ({b})")
+        lines.append(f"| {arm} | {len(rows)} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def summary(outcomes: list[RunOutcome]) -> dict:
@@ -221,7 +333,7 @@ def pilot_outcomes(pilot_root: Path) -> list[RunOutcome]:
             continue
         for run_dir in sorted(arm_dir.glob("seed*")):
             rel = run_dir.relative_to(S.HERE).as_posix()
-            rows = read_metrics(run_dir)
+            rows = run_rows(run_dir)
             out.append(outcome(rel, arm_dir.name, int(run_dir.name[4:]), rows, S.ONSET + 1))
     return out
 
@@ -295,6 +407,7 @@ def collect() -> None:
         print(pilot_markdown(po, choice))
     if runs_root.is_dir() and any(p.name != "pilot" for p in runs_root.iterdir()):
         outcomes = corpus_outcomes(runs_root)
+        signals = signal_table(runs_root, outcomes)
         rows = manifest_rows(outcomes)
         tmp = S.HERE / "manifest.csv.tmp"
         with tmp.open("w", newline="", encoding="utf-8") as f:
@@ -302,7 +415,8 @@ def collect() -> None:
             w.writeheader()
             w.writerows(rows)
         tmp.replace(S.HERE / "manifest.csv")
-        s = summary(outcomes)
+        s = {**summary(outcomes), "signals": signals}
+        text = summary_markdown(s) + "\n".join(signals_markdown(signals)) + "\n"
         _write(S.HERE / "summary.json", json.dumps(s, indent=1) + "\n")
-        _write(S.HERE / "summary.md", summary_markdown(s))
-        print(summary_markdown(s))
+        _write(S.HERE / "summary.md", text)
+        print(text)

@@ -84,11 +84,12 @@ CAUSES: dict[str, Cause] = {
     "mismatch": Cause("mismatch", ("rollout", "algo.rollout_correction"), ("10", "25")),
     "mismatch+tis": Cause("mismatch+tis", ("rollout", "algo.rollout_correction"), ()),
     "tool": Cause("tool", ("retriever.degrade",), ("60", "120")),
-    "entropy": Cause("entropy", ("algo.entropy_coef",), ("0.01", "0.05")),
+    # amendment 1: the entropy grid extended between its first two values
+    "entropy": Cause("entropy", ("algo.entropy_coef",), ("0.01", "0.02", "0.03", "0.05")),
 }
-CHOSEN: dict[str, str] = {}
-"""each mechanism's strength for the corpus, chosen by the pilot (an amendment of PROTOCOL.md);
-empty until then, and the corpus refuses to run"""
+CHOSEN: dict[str, str] = {"lr": "10", "mismatch": "10", "tool": "120"}
+"""each mechanism's strength for the corpus, chosen by the pilot (PROTOCOL.md, amendment 1);
+a mechanism not here refuses to run"""
 
 ARMS = ("none", "lr", "mismatch", "mismatch+tis", "tool", "entropy")
 """the arms of seeds 0-7 (`none`: the control)"""
