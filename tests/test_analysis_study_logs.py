@@ -48,3 +48,24 @@ def test_run_logs_finds_every_committed_log_in_path_order(tmp_path: Path) -> Non
     (tmp_path / "GRPO" / "seed0" / "metrics.jsonl").write_text('{"step": 1}\n')  # not committed
     found = [p.parent.relative_to(tmp_path).as_posix() for p in study_logs.run_logs(tmp_path)]
     assert found == ["GRPO/seed0", "GRPO_LLDS/seed1", "similar-names/GRPO/seed0"]
+
+
+def test_a_committed_log_cut_short_keeps_its_intact_rows(tmp_path):
+    import gzip
+    import json
+
+    from llds.analysis.study_logs import read_committed_metrics
+
+    rows = [{"step": i, "reward/mean": i / 10} for i in range(1, 200)]
+    data = gzip.compress("".join(json.dumps(r) + "\n" for r in rows).encode(), mtime=0)
+    path = tmp_path / "metrics.jsonl.gz"
+    path.write_bytes(data[: len(data) * 2 // 3])  # a copy cut short: no traceback
+    got = read_committed_metrics(path)
+    assert 0 < len(got) < len(rows) and got == rows[: len(got)]
+    path.write_text("not gzip at all\n")
+    import pytest
+
+    from llds.errors import DataFormatError
+
+    with pytest.raises(DataFormatError, match="not a gzip file"):
+        read_committed_metrics(path)

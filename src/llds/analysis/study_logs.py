@@ -7,20 +7,18 @@ The folder layout is `[WORLD/]ARM/seedN`, with `+` in arm names written `_` (`GR
 
 from __future__ import annotations
 
-import gzip
-import json
 from pathlib import Path
 from typing import Any
 
-from llds.runs.tracking import METRICS_FILE, read_metrics
+from llds.runs.tracking import METRICS_FILE, read_log, read_metrics, rows_of
 
 COMMITTED_LOG = METRICS_FILE + ".gz"
 
 
 def read_committed_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """The rows of a committed run log (`metrics.jsonl.gz`)."""
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """The intact rows of a committed run log (`metrics.jsonl.gz`): a copy cut short or a
+    damaged line is named in one warning, as for a live log (`llds.runs.tracking`)."""
+    return rows_of(read_log(path))
 
 
 def run_rows(run_dir: str | Path) -> list[dict[str, Any]]:
