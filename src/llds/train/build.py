@@ -195,9 +195,7 @@ def retriever(cfg: TrainConfig, given: Retriever | None) -> Retriever | None:
 
     source = cfg.retriever.source
     options = {"retry_seconds": cfg.retriever.retry_seconds} if is_url(source) else {}
-    return open_answering_retriever(
-        source, "retriever.source", topk=cfg.retriever.topk, **options
-    )
+    return open_answering_retriever(source, "retriever.source", topk=cfg.retriever.topk, **options)
 
 
 def degrading(cfg: TrainConfig, search: Retriever | None) -> Retriever | None:
