@@ -87,8 +87,8 @@ CAUSES: dict[str, Cause] = {
     # amendment 1: the entropy grid extended between its first two values
     "entropy": Cause("entropy", ("algo.entropy_coef",), ("0.01", "0.02", "0.03", "0.05")),
 }
-CHOSEN: dict[str, str] = {"lr": "10", "mismatch": "10", "tool": "120"}
-"""each mechanism's strength for the corpus, chosen by the pilot (PROTOCOL.md, amendment 1);
+CHOSEN: dict[str, str] = {"lr": "10", "mismatch": "10", "tool": "120", "entropy": "0.03"}
+"""each mechanism's strength for the corpus, chosen by the pilot (PROTOCOL.md, amendments 1 and 2);
 a mechanism not here refuses to run"""
 
 ARMS = ("none", "lr", "mismatch", "mismatch+tis", "tool", "entropy")
