@@ -105,13 +105,13 @@ def test_eval_at_a_dead_retriever_url(inputs, capsys, no_model_load):  # noqa: F
 def test_sft_at_a_dead_retriever_url_before_its_model(inputs, tmp_path, capsys, monkeypatch):  # noqa: F811
     """`llds sft` with a corpus URL nobody answers: one line naming the key, before the model
     (or the tiny model and its tokenizer) is made."""
-    import llds.sft as sft_mod
+    import llds.sft.warm_start as sft_mod
     from test_retrieval_server import free_port
 
     def refuse(*args, **kwargs):
         raise AssertionError("the model was made before the dead URL was found")
 
-    monkeypatch.setattr(sft_mod, "_model_and_tokenizer", refuse)
+    monkeypatch.setattr(sft_mod, "model_and_tokenizer", refuse)
     url = f"http://127.0.0.1:{free_port()}/retrieve"
     out = tmp_path / "sft"
     args = ["sft", "--config", "sft-demo", f"world={inputs / 'world'}", f"corpus={url}"]

@@ -18,6 +18,8 @@ CONFIG = "llds.demo:DemoConfig"
 
 def run(cfg: Any, args: argparse.Namespace) -> int:
     from llds.demo import run_demo
+    from llds.logs import setup_logging
 
+    setup_logging()  # the warm start reports through the llds.sft logger
     run_demo(cfg)
     return 0

@@ -23,6 +23,8 @@ LOAD = "llds.sft.config:load_sft_config"
 
 def run(cfg: Any, args: argparse.Namespace) -> int:
     from llds import sft
+    from llds.logs import setup_logging
 
+    setup_logging()  # the warm start reports through the llds.sft logger
     sft.run(cfg)
     return 0

@@ -33,6 +33,7 @@ from llds.io import atomic_write, write_json
 from llds.policy.forward import pack_by_length, split_lm_head
 from llds.sft.config import SFTConfig
 from llds.sft.data import ExpertEpisode
+from llds.sft.progress import SFTProgress
 
 _DEFAULTS = SFTConfig()  # the one set of SFT defaults; `sft_train`'s keywords fall back to it
 
@@ -160,29 +161,6 @@ def _save_model(model: Any, tokenizer: Any, target: Path) -> Path:
     return save_tiny(model, tokenizer, target)
 
 
-def _progress(enabled: bool):
-    from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    return Progress(
-        TextColumn("[progress.description]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("loss {task.fields[loss]}"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=Console(stderr=True),
-        disable=not enabled,
-    )
-
-
 def _check_args(
     episodes: Sequence[ExpertEpisode],
     lr: float,
@@ -192,7 +170,10 @@ def _check_args(
     micro_batch_tokens: int,
     warmup: int,
     max_grad_norm: float,
+    loss_on: str,
 ) -> None:
+    if loss_on not in ("actions", "all"):
+        raise ConfigError(f"sft.loss_on: {loss_on!r} is not one of 'actions', 'all'")
     if not episodes:
         raise ConfigError("sft: no training trajectories (check max_hops / num_examples)")
     if (steps is None) == (epochs is None):
@@ -209,6 +190,208 @@ def _check_args(
     for key, ok in checks.items():
         if not ok:
             raise ConfigError(f"sft.{key}: invalid value")
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """Everything the loop does, fixed before its first step: the episodes of each step and the
+    rules of a step (learning-rate schedule, micro-batches, clipping, which tokens count)."""
+
+    batches: list[list[int]]
+    """episode indices of each optimizer step"""
+    episodes: int
+    batch_size: int
+    lr: float
+    warmup: int
+    micro_batch_tokens: int
+    max_grad_norm: float
+    loss_on: LossOn
+    pad_id: int
+    seed: int
+
+    @property
+    def total(self) -> int:
+        return len(self.batches)
+
+    def lr_at(self, step: int) -> float:
+        """The learning rate of step `step` (0-based): warm-up, then cosine decay to 10%."""
+        return scheduled_lr(
+            step,
+            base_lr=self.lr,
+            schedule="cosine",
+            warmup=self.warmup,
+            total=self.total,
+            min_ratio=0.1,
+        )
+
+
+def plan_steps(
+    episodes: Sequence[ExpertEpisode],
+    tokenizer: Any,
+    *,
+    steps: int | None,
+    epochs: float | None,
+    batch_size: int,
+    seed: int,
+    lr: float,
+    warmup: int,
+    micro_batch_tokens: int,
+    max_grad_norm: float,
+    loss_on: LossOn,
+) -> StepPlan:
+    """The data side of a run: `steps` batches, or as many as `epochs` passes take, of a seeded
+    per-epoch shuffle (`batch_order`), padded with the tokenizer's pad token (else EOS); the
+    other settings pass through to the plan."""
+    n = len(episodes)
+    batch_size = min(batch_size, n)
+    total = steps if steps is not None else max(1, math.ceil(epochs * math.ceil(n / batch_size)))
+    pad = tokenizer.pad_token_id
+    return StepPlan(
+        batches=batch_order(n, batch_size, total, seed),
+        episodes=n,
+        batch_size=batch_size,
+        lr=lr,
+        warmup=warmup,
+        micro_batch_tokens=micro_batch_tokens,
+        max_grad_norm=max_grad_norm,
+        loss_on=loss_on,
+        pad_id=pad if pad is not None else (tokenizer.eos_token_id or 0),
+        seed=seed,
+    )
+
+
+@dataclass
+class Trainee:
+    """The model being trained, its trainable parameters and their AdamW."""
+
+    model: Any
+    params: list[Tensor]
+    optimizer: torch.optim.Optimizer
+
+    @classmethod
+    def of(cls, model: Any, lr: float, weight_decay: float) -> Trainee:
+        params = [p for p in model.parameters() if p.requires_grad]
+        return cls(model, params, torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay))
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+
+def train_step(
+    trainee: Trainee, batch: Sequence[ExpertEpisode], plan: StepPlan, lr: float
+) -> tuple[float, int, float]:
+    """One optimizer step on `batch` at learning rate `lr`: (its masked token-mean loss, its loss
+    tokens, the gradient norm before clipping). Micro-batches of at most `micro_batch_tokens`
+    padded tokens add their gradients up to the batch's token-mean; a gradient that is not
+    finite is not applied."""
+    for group in trainee.optimizer.param_groups:
+        group["lr"] = lr
+    n_tokens = sum(sum(_loss_mask(e, plan.loss_on)[1:]) for e in batch)
+    trainee.optimizer.zero_grad(set_to_none=True)
+    loss_sum = 0.0
+    device = trainee.device
+    lengths = [len(e) for e in batch]
+    for micro in pack_by_length(lengths, range(len(batch)), plan.micro_batch_tokens):
+        ids, attn, mask = _pad_batch([batch[i] for i in micro], plan.pad_id, plan.loss_on)
+        part, _ = masked_token_loss_sum(
+            trainee.model, ids.to(device), attn.to(device), mask.to(device)
+        )
+        (part / max(n_tokens, 1)).backward()
+        loss_sum += float(part.detach())
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(trainee.params, plan.max_grad_norm))
+    if math.isfinite(grad_norm):
+        trainee.optimizer.step()
+    return loss_sum / max(n_tokens, 1), n_tokens, grad_norm
+
+
+class MetricsLog:
+    """`sft_metrics.jsonl` in `out` (started fresh): one row every `every` steps and at the
+    last; with no `out`, nothing."""
+
+    def __init__(self, out: Path | None, every: int, total: int) -> None:
+        self.path = out / METRICS_FILE if out is not None else None
+        self.every, self.total = every, total
+        self.started = time.perf_counter()
+        self._file: Any = None
+
+    def __enter__(self) -> MetricsLog:
+        self.started = time.perf_counter()
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with atomic_write(self.path, "w", encoding="utf-8"):
+                pass  # start a fresh log; rows are appended as the steps finish
+            self._file = self.path.open("a", encoding="utf-8")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._file is not None:
+            self._file.close()
+
+    def write(self, step: int, **values: float) -> None:
+        if self._file is None or (step % self.every and step != self.total):
+            return
+        row = {"step": step, **values, "elapsed_s": round(time.perf_counter() - self.started, 3)}
+        self._file.write(json.dumps(row) + "\n")
+        self._file.flush()
+
+
+@dataclass
+class LossCurve:
+    """What the loop measured: each step's loss and loss tokens, and how many were skipped."""
+
+    losses: list[float] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    skipped: int = 0
+
+
+def run_steps(
+    trainee: Trainee,
+    episodes: Sequence[ExpertEpisode],
+    plan: StepPlan,
+    metrics: MetricsLog,
+    progress: bool,
+) -> LossCurve:
+    """The loop: every step of `plan`, logged and shown, under a forked torch RNG seeded with
+    the plan's seed (dropout, if the model has any), so the caller's RNG is left as it was."""
+    curve = LossCurve()
+    trainee.model.train()
+    with torch.random.fork_rng(devices=[]), SFTProgress(plan.total, enabled=progress) as bar:
+        torch.manual_seed(plan.seed)
+        for step, rows in enumerate(plan.batches):
+            lr = plan.lr_at(step)
+            loss, n_tokens, grad_norm = train_step(trainee, [episodes[i] for i in rows], plan, lr)
+            curve.losses.append(loss)
+            curve.tokens.append(n_tokens)
+            if not math.isfinite(grad_norm):
+                curve.skipped += 1
+            metrics.write(step + 1, loss=loss, tokens=n_tokens, lr=lr, grad_norm=grad_norm)
+            bar.step_done(step + 1, loss, lr)
+    trainee.model.eval()
+    return curve
+
+
+def save_outputs(
+    out: Path, trainee: Trainee, tokenizer: Any, plan: StepPlan, result: SFTResult, save: bool
+) -> SFTResult:
+    """`sft_loss.png`, the model and tokenizer in `out/model` (with `save`) and
+    `sft_summary.json`, each written atomically; returns `result` with their paths."""
+    result.plot_path = plot_losses(result.losses, out / PLOT_FILE)
+    if save:
+        result.model_dir = _save_model(trainee.model, tokenizer, out / MODEL_DIR)
+    summary = {
+        "steps": plan.total,
+        "episodes": plan.episodes,
+        "batch_size": plan.batch_size,
+        "lr": plan.lr,
+        "loss_on": plan.loss_on,
+        "initial_loss": result.initial_loss,
+        "final_loss": result.final_loss,
+        "skipped_steps": result.skipped_steps,
+        "wall_s": round(result.wall_s, 2),
+    }
+    write_json(out / "sft_summary.json", summary)
+    return result
 
 
 def sft_train(
@@ -246,94 +429,30 @@ def sft_train(
     circuits; a small model trained on its actions alone tends to emit the names it saw most
     often instead of the ones it read. RL still trains on actions only.
     """
-    if loss_on not in ("actions", "all"):
-        raise ConfigError(f"sft.loss_on: {loss_on!r} is not one of 'actions', 'all'")
-    _check_args(episodes, lr, steps, epochs, batch_size, micro_batch_tokens, warmup, max_grad_norm)
-    n = len(episodes)
-    batch_size = min(batch_size, n)
-    total = steps if steps is not None else max(1, math.ceil(epochs * math.ceil(n / batch_size)))
-    pad = tokenizer.pad_token_id
-    pad_id = pad if pad is not None else (tokenizer.eos_token_id or 0)
-    device = next(model.parameters()).device
+    _check_args(
+        episodes, lr, steps, epochs, batch_size, micro_batch_tokens, warmup, max_grad_norm, loss_on
+    )
+    plan = plan_steps(  # data
+        episodes,
+        tokenizer,
+        steps=steps,
+        epochs=epochs,
+        batch_size=batch_size,
+        seed=seed,
+        lr=lr,
+        warmup=warmup,
+        micro_batch_tokens=micro_batch_tokens,
+        max_grad_norm=max_grad_norm,
+        loss_on=loss_on,
+    )
     out = Path(out_dir) if out_dir is not None else None
-    metrics_path = out / METRICS_FILE if out is not None else None
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        with atomic_write(metrics_path, "w", encoding="utf-8"):
-            pass  # start a fresh log; rows are appended below
-
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
-    model.train()
-    losses: list[float] = []
-    tokens: list[int] = []
-    skipped = 0
-    start = time.perf_counter()
-    log = metrics_path.open("a", encoding="utf-8") if metrics_path is not None else None
-    try:
-        with torch.random.fork_rng(devices=[]), _progress(progress) as bar:
-            torch.manual_seed(seed)  # dropout, if the model has any
-            task = bar.add_task("SFT", total=total, loss="-")
-            for step, rows in enumerate(batch_order(n, batch_size, total, seed)):
-                current_lr = scheduled_lr(
-                    step, base_lr=lr, schedule="cosine", warmup=warmup, total=total, min_ratio=0.1
-                )
-                for group in optimizer.param_groups:
-                    group["lr"] = current_lr
-                batch = [episodes[i] for i in rows]
-                n_tokens = sum(sum(_loss_mask(e, loss_on)[1:]) for e in batch)
-                optimizer.zero_grad(set_to_none=True)
-                loss_sum = 0.0
-                lengths = [len(e) for e in batch]
-                for micro in pack_by_length(lengths, range(len(batch)), micro_batch_tokens):
-                    ids, attn, mask = _pad_batch([batch[i] for i in micro], pad_id, loss_on)
-                    part, _ = masked_token_loss_sum(
-                        model, ids.to(device), attn.to(device), mask.to(device)
-                    )
-                    (part / max(n_tokens, 1)).backward()
-                    loss_sum += float(part.detach())
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
-                if math.isfinite(grad_norm):
-                    optimizer.step()
-                else:
-                    skipped += 1
-                loss = loss_sum / max(n_tokens, 1)
-                losses.append(loss)
-                tokens.append(n_tokens)
-                if log is not None and ((step + 1) % log_every == 0 or step + 1 == total):
-                    row = {
-                        "step": step + 1,
-                        "loss": loss,
-                        "tokens": n_tokens,
-                        "lr": current_lr,
-                        "grad_norm": grad_norm,
-                        "elapsed_s": round(time.perf_counter() - start, 3),
-                    }
-                    log.write(json.dumps(row) + "\n")
-                    log.flush()
-                bar.update(task, advance=1, loss=f"{loss:.4f}")
-    finally:
-        if log is not None:
-            log.close()
-    model.eval()
-    wall = time.perf_counter() - start
-    plot_path = model_dir = None
-    if out is not None:
-        plot_path = plot_losses(losses, out / PLOT_FILE)
-        if save:
-            model_dir = _save_model(model, tokenizer, out / MODEL_DIR)
-        write_json(
-            out / "sft_summary.json",
-            {
-                "steps": total,
-                "episodes": n,
-                "batch_size": batch_size,
-                "lr": lr,
-                "loss_on": loss_on,
-                "initial_loss": losses[0],
-                "final_loss": sum(losses[-5:]) / len(losses[-5:]),
-                "skipped_steps": skipped,
-                "wall_s": round(wall, 2),
-            },
-        )
-    return SFTResult(losses, tokens, total, wall, model_dir, metrics_path, plot_path, skipped)
+    trainee = Trainee.of(model, lr, weight_decay)  # model
+    with MetricsLog(out, log_every, plan.total) as metrics:  # loop
+        curve = run_steps(trainee, episodes, plan, metrics, progress)
+    wall = time.perf_counter() - metrics.started
+    result = SFTResult(
+        curve.losses, curve.tokens, plan.total, wall, None, metrics.path, None, curve.skipped
+    )
+    if out is None:
+        return result
+    return save_outputs(out, trainee, tokenizer, plan, result, save)  # save
