@@ -5,7 +5,9 @@ that existed when the studies ran (the ten built-ins before the drift detectors)
 committed its `alarms.jsonl`, the replay must equal it line for line (step, kind, severity,
 message, evidence), and in every log the per-step `alarms/count` the trainer wrote must equal
 the number of alarms the replay raises at that step. Runs recorded before `search_decline`
-existed match with that one detector left out, and then hold no `search_decline` alarm.
+existed match with that one detector left out, and then hold no `search_decline` alarm. A run
+that saved its own monitor settings (its `config.json` has a `monitor` section, as the collapse
+corpus's runs do) is replayed with those, as `llds monitor replay` replays it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 import pytest
 
 from llds.monitor.alarms import ALARM_KINDS, MonitorConfig, scan_alarms
+from llds.monitor.replay import monitor_config_from
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
 LOGS = sorted(EXPERIMENTS.rglob("metrics.jsonl.gz"))
@@ -45,6 +48,16 @@ def study_config() -> MonitorConfig:
     return cfg
 
 
+def settings_of(run_dir: Path) -> MonitorConfig:
+    """The run's own saved monitor settings, else the detectors the studies ran with."""
+    saved = run_dir / "config.json"
+    if saved.is_file():
+        section = json.loads(saved.read_text(encoding="utf-8")).get("monitor")
+        if section is not None:
+            return monitor_config_from(section, str(saved))
+    return study_config()
+
+
 def rows_of(path: Path) -> list[dict[str, Any]]:
     with gzip.open(path, "rt", encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
@@ -62,7 +75,7 @@ def test_there_are_committed_logs_to_replay() -> None:
 @pytest.mark.parametrize("log", LOGS, ids=lambda p: str(p.parent.relative_to(EXPERIMENTS)))
 def test_replay_reproduces_the_alarms_the_run_raised(log: Path) -> None:
     rows = rows_of(log)
-    replayed = [a.to_dict() for a in scan_alarms(rows, study_config())]
+    replayed = [a.to_dict() for a in scan_alarms(rows, settings_of(log.parent))]
     logged = Counter({r["step"]: r["alarms/count"] for r in rows if r.get("alarms/count")})
     committed_file = log.parent / "alarms.jsonl"
     committed = []
