@@ -24,12 +24,14 @@ The logits are those of the transformers forward to float rounding (tests compar
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
 from llds.models.kv_cache import transformers_model_in
+from llds.models.shared_prefix import SharedPrefix
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 """Model types whose layers are input norm -> attention (q/k/v/o projections, rotary, grouped
@@ -76,6 +78,30 @@ def static_decode_unsupported(model: nn.Module) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class LlamaParts:
+    """The modules and attention shape a forward over a Llama-family model's own layers
+    reads: its body (embeddings, layers, final norm, rotary), LM head and head counts."""
+
+    body: nn.Module
+    lm_head: nn.Module
+    heads: int
+    kv_heads: int
+    head_dim: int
+
+    @classmethod
+    def of(cls, model: nn.Module, user: str) -> LlamaParts:
+        """The parts of `model`; ValueError naming `user` and why when it is not served."""
+        reason = static_decode_unsupported(model)
+        if reason is not None:
+            raise ValueError(f"{user} does not serve this model: {reason}")
+        inner = transformers_model_in(model)
+        config = inner.config
+        heads = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        return cls(inner.model, inner.lm_head, heads, config.num_key_value_heads, head_dim)
+
+
 def _lora_wrapper(model: nn.Module) -> bool:
     """A peft model whose adapters are all LoRA: they live in the wrapped layers' projections,
     so running those layers runs the adapters (other peft methods change the forward)."""
@@ -97,6 +123,23 @@ def _rotate_half(x: Tensor) -> Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def project_qkv(
+    attn: nn.Module, x: Tensor, cos: Tensor, sin: Tensor, heads: int, kv_heads: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """A Llama-family attention module's queries, keys and values of `x [B, W, hidden]`,
+    `[B, heads, W, D]` / `[B, kv_heads, W, D]`, rotated by `cos`/`sin` (`[B, 1, W, D]`)."""
+    batch, width, _ = x.shape
+    q = attn.q_proj(x).view(batch, width, heads, -1)
+    k = attn.k_proj(x).view(batch, width, kv_heads, -1)
+    v = attn.v_proj(x).view(batch, width, kv_heads, -1)
+    if getattr(attn, "q_norm", None) is not None:  # Qwen3: per-head norms before rotary
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    q = q * cos + _rotate_half(q) * sin
+    k = k * cos + _rotate_half(k) * sin
+    return q, k, v
+
+
 class StaticDecoder:
     """The forward of one transformers Llama-family model over a static key/value cache.
 
@@ -114,23 +157,19 @@ class StaticDecoder:
     def __init__(
         self, model: nn.Module, rows: int, capacity: int, *, compile: bool = False
     ) -> None:
-        reason = static_decode_unsupported(model)
-        if reason is not None:
-            raise ValueError(f"static decoding does not serve this model: {reason}")
-        inner = transformers_model_in(model)
-        self.body = inner.model
-        self.lm_head = inner.lm_head
+        parts = LlamaParts.of(model, "static decoding")
+        self.body, self.lm_head = parts.body, parts.lm_head
+        self.heads, self.kv_heads, self.head_dim = parts.heads, parts.kv_heads, parts.head_dim
         self.device = next(model.parameters()).device
         self.layers = list(self.body.layers)
-        config = inner.config
-        self.heads = config.num_attention_heads
-        self.kv_heads = config.num_key_value_heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.rows, self.limit = rows, capacity
         self.capacity = 0  # positions allocated so far (`reserve`)
         self.keys: list[Tensor] = []
         self.values: list[Tensor] = []
         self.slots = None  # arange(capacity), made with the cache
+        self.prefix: SharedPrefix | None = None
+        """one copy of each group's prompt (`share_prompts`); None: prompts in every row"""
+        self._sharing = False  # this chunk's rows read their prompts from `prefix`
         self._like = None  # a tensor of the cache's dtype and device, once known
         self._rope: tuple[Tensor, Tensor] | None = None  # cos/sin of every position
         self.bucket = COMPILED_KEY_BUCKET if compile else KEY_BUCKET
@@ -193,13 +232,47 @@ class StaticDecoder:
         """Swap cache rows `a[i]` and `b[i]` (slots `[0, upto)`), in place: rollouts that go
         on move to the front, so the step reads a contiguous prefix of rows. Slots past `upto`
         keep stale values, which no query reaches (a row's keys past its length are masked,
-        and overwritten before they are read)."""
+        and overwritten before they are read). With shared prompts the rows' groups move
+        along, and their prompt slots (never read) stay."""
         if not self.keys:
             return
         upto = min(upto, self.capacity)
         into, outof = torch.cat([a, b]), torch.cat([b, a])
+        low = 0
+        if self._sharing:
+            assert self.prefix is not None
+            low = min(self.prefix.first_own, upto)
+            self.prefix.swap(into, outof)
         for cache in (*self.keys, *self.values):
-            cache[into, :, :upto] = cache[outof, :, :upto]
+            cache[into, :, low:upto] = cache[outof, :, low:upto]
+
+    def share_prompts(self, ids: Tensor, lengths: Tensor, row_group: Tensor) -> Tensor:
+        """This chunk's rows decode after shared prompts: group `u`'s prompt, the `lengths[u]`
+        real tokens of `ids[u]`, is cached once (`SharedPrefix`), and cache row `b` continues
+        group `row_group[b]`'s at slot `lengths[row_group[b]]`. Returns the logits after each
+        group's prompt. `unshare` goes back to prompts in every row."""
+        n, width = ids.shape
+        self.reserve(width)
+        if not self.keys:
+            self._allocate(self._probe_kv_dtype(self.body.embed_tokens(ids[:1, :1])))
+        if self.prefix is None:
+            self.prefix = SharedPrefix(len(self.layers), self.rows, self.kv_heads, self.head_dim)
+        assert self._like is not None
+        self.prefix.reserve(width, self._like)
+        self._static(*self.prefix.tensors())
+        self._sharing = False  # the prompts attend to themselves only
+        cols = torch.arange(width, device=ids.device)
+        positions = cols[None, :].expand(n, width)  # padding writes land past the prompt
+        store = (self.prefix.keys, self.prefix.values)
+        groups = torch.arange(n, device=ids.device)
+        hidden = self._layers(ids, positions, positions, width, groups, store=store)
+        self.prefix.assign(row_group, lengths, compiled=self._compiled)
+        self._sharing = True
+        return self._logits(hidden[groups, lengths - 1])
+
+    def unshare(self) -> None:
+        """Prompts are prefilled into every row again (`copy_rows`)."""
+        self._sharing = False
 
     # ------------------------------------------------------------------ forward
     def prefill(self, ids: Tensor, lengths: Tensor, starts: Tensor, rows: Tensor) -> Tensor:
@@ -222,6 +295,9 @@ class StaticDecoder:
         float32 logits."""
         self.reserve(bound)
         keys_to = min(self.capacity, -(-bound // self.bucket) * self.bucket)
+        if self._sharing:
+            assert self.prefix is not None
+            self.prefix.prepare(len(tokens), self.heads, self.kv_heads)
         if self._graphs:  # the last step's logits (graph-owned memory) are consumed by now
             torch.compiler.cudagraph_mark_step_begin()
         if not self._compiled:
@@ -242,22 +318,38 @@ class StaticDecoder:
         return self.lm_head(self.body.norm(hidden)).float()
 
     def _layers(
-        self, ids: Tensor, positions: Tensor, write: Tensor, keys_to: int, rows: Tensor | None
+        self,
+        ids: Tensor,
+        positions: Tensor,
+        write: Tensor,
+        keys_to: int,
+        rows: Tensor | None,
+        *,
+        store: tuple[list[Tensor], list[Tensor]] | None = None,
     ) -> Tensor:
         """Run every layer on `ids [R, W]` at `positions`, writing keys/values at `write`
         (both `[R, W]`) of cache rows `rows` (None: the first R, in order) and attending to slots
-        `< keys_to` causally."""
+        `< keys_to` causally; with shared prompts also to each row's group prompt. `store`:
+        another cache to write and read instead (the shared prompts')."""
         hidden = self.body.embed_tokens(ids)
         cos, sin = self._rotary(hidden, positions)
         cos, sin = cos[:, None], sin[:, None]
         if not self.keys:
             self._allocate(self._probe_kv_dtype(hidden))
         keys_to = max(1, min(keys_to, self.capacity))
-        mask = (self.slots[:keys_to][None, None, :] <= positions[:, :, None])[:, None]
         every = rows is None
         if every:
             rows = torch.arange(ids.shape[0], device=ids.device)
-        for layer, k_cache, v_cache in zip(self.layers, self.keys, self.values, strict=True):
+        shared = self.prefix if self._sharing and store is None else None
+        low = 0 if shared is None else min(shared.first_own, keys_to - 1)
+        slots = self.slots[low:keys_to][None, None, :]
+        mask = slots <= positions[:, :, None]
+        if shared is not None:  # a row's prompt slots hold nothing: its prompt is shared
+            assert shared.starts is not None
+            mask = mask & (slots >= shared.starts[rows][:, None, None])
+        mask = mask[:, None]
+        keys, values = store if store is not None else (self.keys, self.values)
+        for i, (layer, k_cache, v_cache) in enumerate(zip(self.layers, keys, values, strict=True)):
             hidden = hidden + self._attention(
                 layer,
                 layer.input_layernorm(hidden),
@@ -267,7 +359,8 @@ class StaticDecoder:
                 (rows, every),
                 write,
                 mask,
-                keys_to,
+                (low, keys_to),
+                None if shared is None else (shared, i),
             )
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         return hidden
@@ -303,31 +396,35 @@ class StaticDecoder:
         rows: tuple[Tensor, bool],
         write: Tensor,
         mask: Tensor,
-        keys_to: int,
+        window: tuple[int, int],
+        shared: tuple[SharedPrefix, int] | None,
     ) -> Tensor:
         attn = layer.self_attn
         batch, width, _ = x.shape
-        q = attn.q_proj(x).view(batch, width, self.heads, self.head_dim)
-        k = attn.k_proj(x).view(batch, width, self.kv_heads, self.head_dim)
-        v = attn.v_proj(x).view(batch, width, self.kv_heads, self.head_dim)
-        if getattr(attn, "q_norm", None) is not None:  # Qwen3: per-head norms before rotary
-            q, k = attn.q_norm(q), attn.k_norm(k)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        q, k, v = project_qkv(attn, x, cos, sin, self.heads, self.kv_heads)
         k_cache, v_cache = cache
         index, every = rows
+        low, keys_to = window
         # [R, W, KVH, D] into slots write[i, w] of cache row index[i]
         k_cache[index[:, None], :, write] = k.transpose(1, 2).to(k_cache.dtype)
         v_cache[index[:, None], :, write] = v.transpose(1, 2).to(v_cache.dtype)
         if every:  # the first `batch` rows, in order: a view of the cache
-            keys, values = k_cache[:batch, :, :keys_to], v_cache[:batch, :, :keys_to]
+            keys, values = k_cache[:batch, :, low:keys_to], v_cache[:batch, :, low:keys_to]
         else:
-            keys, values = k_cache[index, :, :keys_to], v_cache[index, :, :keys_to]
+            keys, values = k_cache[index, :, low:keys_to], v_cache[index, :, low:keys_to]
         q = q.to(k_cache.dtype)
-        if width == 1:
+        if width == 1 and shared is not None and every:  # the step: the first rows, in order
+            prefix, i = shared
+            out = prefix.decode_attention(i, q, (keys, values), mask, attn.scaling)
+        elif width == 1 and shared is None:
             out = self._decode_attention(q, keys, values, mask, attn.scaling)
         else:
+            if shared is not None:  # the rows' prompts before their own keys
+                prefix, i = shared
+                ctx_k, ctx_v, visible = prefix.context(i, index)
+                keys, values = torch.cat([ctx_k, keys], dim=2), torch.cat([ctx_v, values], dim=2)
+                seen = visible[:, None, None, :].expand(batch, 1, width, visible.shape[-1])
+                mask = torch.cat([seen, mask], dim=-1)
             out = F.scaled_dot_product_attention(
                 q,
                 keys,

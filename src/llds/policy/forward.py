@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import torch
 from torch import Tensor
 
 from llds.algo.logprobs import token_log_probs_and_entropy
 from llds.models.kv_cache import cache_argument, returned_cache
+from llds.policy.prompt_once import (
+    MiniBatchPrompts,
+    run_prompts,
+    runner_for,
+    tail_micro_batches,
+    tail_states,
+)
 from llds.rollout.batch import RolloutBatch
 
 
@@ -81,13 +88,8 @@ def _scores(
     ids = batch.input_ids.to(device)
     mask = batch.attention_mask.to(device)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    labels = ids[:, p:]
-    t = temperature if temperature > 0 else 1.0
     net = split[0] if split is not None else model
-    if split is not None:
-        # the model-written columns' (row, column) indices, taken before the forward is queued:
-        # a boolean index of a GPU tensor would make the host wait for the forward to finish
-        written = batch.loss_mask.bool().nonzero().to(device).unbind(1)
+    written = _written(batch, split, device)
     end = None if pool_hidden else -1  # the last column predicts nothing, but is pooled
     states = None
     if share_prompts and r > 1:
@@ -104,23 +106,98 @@ def _scores(
         )
         # position P-1+t predicts response token t
         states = out.last_hidden_state[:, p - 1 : end] if split is not None else out.logits[:, :-1]
+    return _scores_of_states(
+        states,
+        batch,
+        split,
+        written,
+        temperature,
+        with_entropy=with_entropy,
+        pool_hidden=pool_hidden,
+    )
+
+
+def _written(batch: RolloutBatch, split, device: torch.device) -> tuple[Tensor, ...] | None:
+    """The model-written columns' (row, column) indices when the head runs on them alone;
+    taken before the forward is queued: a boolean index of a GPU tensor, or a copy to it, would
+    make the host wait for the forward to finish."""
+    if split is None:
+        return None
+    return batch.loss_mask.bool().nonzero().to(device).unbind(1)
+
+
+def _scores_of_states(
+    states: Tensor,
+    batch: RolloutBatch,
+    split: tuple[object, object] | None,
+    written: tuple[Tensor, ...] | None,
+    temperature: float,
+    *,
+    with_entropy: bool,
+    pool_hidden: bool,
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """`_scores` from the states that predict the response tokens, `[B, R, X]` (`[B, R + 1, H]`
+    with `pool_hidden`): the backbone's hidden states with `split` (the head then runs on the
+    `written` tokens only), else the logits."""
+    labels = batch.input_ids[:, batch.prompt_len :].to(states.device)
+    t = temperature if temperature > 0 else 1.0
     if split is None:
         lp, ent = token_log_probs_and_entropy(
             states, labels, temperature=t, with_entropy=with_entropy
         )
         return lp, ent, None
+    assert written is not None
     pooled = None
     if pool_hidden:
-        weight = batch.loss_mask.to(device).float().unsqueeze(-1)
+        weight = batch.loss_mask.to(states.device).float().unsqueeze(-1)
         pooled = (states[:, 1:].float() * weight).sum(1) / weight.sum(1).clamp(min=1)
         states = states[:, :-1]
     logits = split[1](states[written])  # [N, V]: the model-written tokens only
     lp, ent = token_log_probs_and_entropy(
         logits, labels[written], temperature=t, with_entropy=with_entropy
     )
-    zeros = torch.zeros(labels.shape, dtype=lp.dtype, device=device)
+    zeros = torch.zeros(labels.shape, dtype=lp.dtype, device=states.device)
     lp = zeros.index_put(written, lp)
     return lp, (None if ent is None else zeros.index_put(written, ent)), pooled
+
+
+def log_probs_from_states(
+    model,
+    batch: RolloutBatch,
+    states_of: Callable[[], Tensor],
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """`response_log_probs` from states another pass computes (`states_of()`: the states that
+    predict the response tokens, as `MiniBatchPrompts.tail_states` gives them; backbone
+    hidden states when the head splits off, else logits)."""
+    split = split_lm_head(model)
+    written = _written(batch, split, next(model.parameters()).device)
+    lp, ent, _ = _scores_of_states(
+        states_of(),
+        batch,
+        split,
+        written,
+        temperature,
+        with_entropy=with_entropy,
+        pool_hidden=False,
+    )
+    return lp, ent
+
+
+def mini_batch_prompts(
+    model, batch: RolloutBatch, rows: list[int], token_budget: int
+) -> MiniBatchPrompts | None:
+    """The update's prompt-once passes over the mini-batch `rows` (see `MiniBatchPrompts`),
+    or None where they do not apply: no prompt repeats, or activation checkpointing (which
+    would recompute the segment forward's layers differently from the model's own)."""
+    if _checkpointing(model):
+        return None
+    split = split_lm_head(model)
+    device = next(model.parameters()).device
+    prompts = MiniBatchPrompts(runner_for(model, split), batch, rows, token_budget, device)
+    return prompts if prompts.ready else None
 
 
 def split_lm_head(model) -> tuple[object, object] | None:
@@ -243,6 +320,62 @@ def plan_micro_batches(batch: RolloutBatch, rows: list[int], token_budget: int) 
     return pack_by_length(batch.attention_mask.sum(-1).tolist(), rows, token_budget)
 
 
+def _micro_batch_scores(
+    model,
+    batch: RolloutBatch,
+    token_budget: int,
+    temperature: float,
+    *,
+    with_entropy: bool,
+    actions_only: bool,
+    pool_hidden: bool,
+    prefix_sharing: bool,
+) -> Iterator[tuple[list[int], RolloutBatch, tuple[Tensor, Tensor | None, Tensor | None]]]:
+    """`(rows, sub-batch, _scores)` of each micro-batch of a no-grad pass over `batch`. With
+    `prefix_sharing` each distinct prompt runs once over the whole batch and the responses in
+    micro-batches of their own (`llds.policy.prompt_once`), where the model allows; else whole
+    rows, packed by length, each micro-batch sharing the prompts it holds."""
+    split = split_lm_head(model) if actions_only else None
+    device = next(model.parameters()).device
+    runner = runner_for(model, split) if prefix_sharing else None
+    prompts = run_prompts(runner, batch, token_budget, device) if runner is not None else None
+    if prompts is None:
+        for rows in plan_micro_batches(batch, list(range(len(batch))), token_budget):
+            sub = batch.select(rows)
+            yield (
+                rows,
+                sub,
+                _scores(
+                    model,
+                    sub,
+                    split,
+                    temperature,
+                    with_entropy=with_entropy,
+                    share_prompts=True,
+                    pool_hidden=pool_hidden,
+                ),
+            )
+        return
+    for rows in tail_micro_batches(batch, token_budget):
+        sub = batch.select(rows)
+        written = _written(sub, split, device)
+        of_row = prompts.of_row[torch.tensor(rows, device=prompts.of_row.device)]
+        states = tail_states(runner, sub, of_row, prompts, pool_hidden=pool_hidden)
+        yield (
+            rows,
+            sub,
+            _scores_of_states(
+                states,
+                sub,
+                split,
+                written,
+                temperature,
+                with_entropy=with_entropy,
+                pool_hidden=pool_hidden,
+            ),
+        )
+
+
 @torch.no_grad()
 def batched_log_probs(
     model,
@@ -252,20 +385,23 @@ def batched_log_probs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     actions_only: bool = True,
+    prefix_sharing: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
-    """`response_log_probs` over the whole batch in micro-batches, no gradient."""
+    """`response_log_probs` over the whole batch in micro-batches, no gradient; with
+    `prefix_sharing` each distinct prompt computed once (see `_micro_batch_scores`)."""
     b, r = len(batch), batch.response_len
     logp = torch.zeros(b, r)
     ent = torch.zeros(b, r) if with_entropy else None
-    for rows in plan_micro_batches(batch, list(range(b)), token_budget):
-        sub = batch.select(rows)
-        lp, en = response_log_probs(
-            model,
-            sub,
-            temperature=temperature,
-            with_entropy=with_entropy,
-            actions_only=actions_only,
-        )
+    for rows, sub, (lp, en, _) in _micro_batch_scores(
+        model,
+        batch,
+        token_budget,
+        temperature,
+        with_entropy=with_entropy,
+        actions_only=actions_only,
+        pool_hidden=False,
+        prefix_sharing=prefix_sharing,
+    ):
         width = sub.response_len
         logp[rows, :width] = lp.float().cpu()
         if ent is not None and en is not None:
@@ -275,21 +411,27 @@ def batched_log_probs(
 
 @torch.no_grad()
 def batched_log_probs_and_hidden(
-    model, batch: RolloutBatch, token_budget: int, *, temperature: float = 1.0
+    model,
+    batch: RolloutBatch,
+    token_budget: int,
+    *,
+    temperature: float = 1.0,
+    prefix_sharing: bool = False,
 ) -> tuple[Tensor, Tensor] | None:
     """`(batched_log_probs, pooled_response_hidden)` of the whole batch from one forward per
     micro-batch (`response_log_probs_and_hidden`), no gradient; None when the head cannot be
-    split off (then call the two)."""
+    split off (then call the two). `prefix_sharing`: as in `batched_log_probs`."""
     if split_lm_head(model) is None:
         return None
     b, r = len(batch), batch.response_len
     logp = torch.zeros(b, r)
     pooled: Tensor | None = None
-    for rows in plan_micro_batches(batch, list(range(b)), token_budget):
-        sub = batch.select(rows)
-        both = response_log_probs_and_hidden(model, sub, temperature=temperature)
-        assert both is not None
-        lp, hidden = both
+    flags = {"with_entropy": False, "actions_only": True, "pool_hidden": True}
+    scores = _micro_batch_scores(
+        model, batch, token_budget, temperature, prefix_sharing=prefix_sharing, **flags
+    )
+    for rows, sub, (lp, _, hidden) in scores:
+        assert hidden is not None
         logp[rows, : sub.response_len] = lp.float().cpu()
         if pooled is None:
             pooled = torch.zeros(b, hidden.shape[-1])

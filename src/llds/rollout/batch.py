@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -132,6 +133,18 @@ class RolloutBatch:
             rollout_entropy=None
             if self.rollout_entropy is None
             else self.rollout_entropy[idx][:, :last],
+        )
+
+    def responses(self) -> RolloutBatch:
+        """The responses as a batch of their own, without the prompt columns: what a pass sees
+        that takes each prompt as context computed once elsewhere (its micro-batches are packed
+        by response length, `llds.policy.prompt_once`)."""
+        p = self.prompt_len
+        return dataclasses.replace(
+            self,
+            input_ids=self.input_ids[:, p:],
+            attention_mask=self.attention_mask[:, p:],
+            prompt_len=0,
         )
 
     @classmethod

@@ -70,6 +70,18 @@ class RolloutConfig:
     than the static loop (docs/results/performance.md), which pays off on long runs only. The
     static loop's cache stays allocated from one chunk (and step) to the next, so that compiled
     graphs keep their addresses"""
+    prefix_sharing: bool = False
+    """compute each group's shared prompt once: the static loop caches each distinct prompt
+    once and attends to it once per group (`llds.models.shared_prefix`); the no-grad
+    log-prob passes (pi_old when recomputed, the reference's, the diagnostics') and each
+    mini-batch of the update run every distinct prompt once and the responses against its
+    keys and values, in micro-batches packed by response length under the same token budgets
+    (`llds.policy.prompt_once`). The same rollouts, log-probs to float rounding (1e-5 in
+    float32) and the exact gradient, but other rounding than whole rows. Off by default: on
+    the theorem study's step (2-core CPU) it measured 1.04x (the no-grad passes 1.12-1.17x,
+    the update and the decode no faster; benchmarks/prefix_sharing.py). Llama-family models
+    run llds's own segment forward, others transformers' forward with a cache; never under
+    FSDP"""
     max_rows: int = Field(default=64, ge=1)
     """rows generated concurrently (bounds memory; more rows per forward is faster)"""
     dtype: Literal["bfloat16", "float16", "float32"] | None = None

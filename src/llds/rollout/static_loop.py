@@ -74,10 +74,15 @@ class StaticSession:
 
     # ------------------------------------------------------------------ prefill
     def _prefill_prompts(self, prompts: Sequence[Sequence[int]]) -> Tensor:
-        """Each distinct prompt once (a GRPO group shares one), copied to its other rows."""
+        """Each distinct prompt once (a GRPO group shares one): with `rollout.prefix_sharing`
+        cached once for its rows (`StaticDecoder.share_prompts`), else copied to its other
+        rows."""
         first: dict[tuple[int, ...], int] = {}
         owner = [first.setdefault(tuple(p), r) for r, p in enumerate(prompts)]
         leaders = sorted(set(owner))
+        if self.cfg.prefix_sharing:
+            return self._share_prompts(prompts, leaders, owner)
+        self.decoder.unshare()
         logits = self._prefill([list(prompts[r]) for r in leaders], leaders)  # lengths are 0
         by_leader = dict(zip(leaders, range(len(leaders)), strict=True))
         widest = max(len(p) for p in prompts)
@@ -89,6 +94,24 @@ class StaticSession:
         self.lengths = torch.tensor([len(p) for p in prompts], device=self.device)
         self.stats["prefill_tokens"] += sum(len(prompts[r]) for r in leaders)
         return logits[torch.tensor([by_leader[o] for o in owner], device=self.device)]
+
+    def _share_prompts(
+        self, prompts: Sequence[Sequence[int]], leaders: list[int], owner: list[int]
+    ) -> Tensor:
+        """The distinct prompts into the decoder's shared prompt cache, one group each; the
+        logits after each row's prompt."""
+        group_of = {leader: u for u, leader in enumerate(leaders)}
+        width = max(len(prompts[r]) for r in leaders)
+        ids = torch.full((len(leaders), width), self.pad_id, dtype=torch.long)
+        for u, r in enumerate(leaders):
+            ids[u, : len(prompts[r])] = torch.tensor(list(prompts[r]), dtype=torch.long)
+        lengths = torch.tensor([len(prompts[r]) for r in leaders], device=self.device)
+        row_group = torch.tensor([group_of[o] for o in owner], device=self.device)
+        self.stats["forward_calls"] += 1
+        self.stats["prefill_tokens"] += sum(len(prompts[r]) for r in leaders)
+        logits = self.decoder.share_prompts(ids.to(self.device), lengths, row_group.clone())
+        self.lengths = lengths[row_group]
+        return logits[row_group]
 
     def _prefill(self, feed: list[list[int]], rows: list[int]) -> Tensor:
         """Write `feed[i]` after row `rows[i]`'s cached tokens; the logits after each."""

@@ -117,15 +117,19 @@ class Diagnostics:
         self.rollout_model.eval()  # after the update: under FSDP the refreshed copy
         try:
             with self.precision.autocast():
-                budget, t = self.cfg.optim.logprob_tokens, self.cfg.rollout.temperature
+                budget = self.cfg.optim.logprob_tokens
+                how = {
+                    "temperature": self.cfg.rollout.temperature,
+                    "prefix_sharing": self.cfg.rollout.prefix_sharing,
+                }
                 both = (
-                    batched_log_probs_and_hidden(self.rollout_model, sub, budget, temperature=t)
+                    batched_log_probs_and_hidden(self.rollout_model, sub, budget, **how)
                     if pool_hidden
                     else None
                 )
                 if both is not None:
                     return both
-                new_logp, _ = batched_log_probs(self.rollout_model, sub, budget, temperature=t)
+                new_logp, _ = batched_log_probs(self.rollout_model, sub, budget, **how)
                 return new_logp, None
         finally:
             self.model.train()

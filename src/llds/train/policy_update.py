@@ -24,8 +24,14 @@ from llds.algo.rollout_correction import importance_weights
 from llds.errors import ConfigError
 from llds.monitor.mismatch import correction_metrics
 from llds.monitor.turns import void_turn_count
-from llds.policy.forward import plan_micro_batches, response_log_probs
+from llds.policy.forward import (
+    log_probs_from_states,
+    mini_batch_prompts,
+    plan_micro_batches,
+    response_log_probs,
+)
 from llds.policy.precision import Precision, update_ratio
+from llds.policy.prompt_once import MiniBatchPrompts
 from llds.rollout import RolloutBatch
 from llds.train import fsdp
 from llds.train.config import AlgoConfig, TrainConfig
@@ -179,14 +185,19 @@ class PolicyUpdate:
                 llds_acts = self._llds_acts(llds_coef, first)
                 counts = global_counts(self.dist, loss_mask[rows], adv[rows])
                 self.optimizer.zero_grad(set_to_none=True)
-                plan = plan_micro_batches(batch, rows, optim.micro_batch_tokens)
+                prompts = self._shared_prompts(batch, rows)
+                # with shared prompts, micro-batches of responses alone
+                planned = batch if prompts is None else batch.responses()
+                plan = plan_micro_batches(planned, rows, optim.micro_batch_tokens)
                 self._match_busiest_rank(batch, plan)
                 for micro in plan:
-                    loss, st = self._loss(inputs, micro, counts, llds_acts)
+                    loss, st = self._loss(inputs, micro, counts, llds_acts, prompts)
                     stats.add(
                         st, _token_share(loss_mask, micro, rows), first=first, llds_acts=llds_acts
                     )
                     self._backward(loss)
+                if prompts is not None:
+                    prompts.backward()  # the prompts' own pass, once per mini-batch
                 if llds_acts and cfg.algo.llds.scope == "batch":
                     stats.add_rest(*self._rest_of_batch_llds(inputs, rows, rest_gen))
                 stats.add_update(self._clipped_step(params, k))
@@ -201,6 +212,16 @@ class PolicyUpdate:
             out[FILTERED_SHARE] = filtered
         self.optimizer.zero_grad(set_to_none=True)
         return out
+
+    def _shared_prompts(self, batch: RolloutBatch, rows: list[int]) -> MiniBatchPrompts | None:
+        """With `rollout.prefix_sharing`, the mini-batch's distinct prompts run once (with
+        autograd) before its micro-batches, which then hold responses only
+        (`llds.policy.prompt_once.MiniBatchPrompts`); None: whole rows per micro-batch. Never
+        under FSDP, where every rank must make the same model calls."""
+        if not self.cfg.rollout.prefix_sharing or self.sharded:
+            return None
+        with self.precision.autocast():
+            return mini_batch_prompts(self.model, batch, rows, self.cfg.optim.micro_batch_tokens)
 
     def _backward(self, loss: torch.Tensor) -> None:
         (loss if self.scaler is None else self.scaler.scale(loss)).backward()
@@ -244,9 +265,15 @@ class PolicyUpdate:
         return total, len(rows)
 
     def _loss(
-        self, inputs: UpdateInputs, micro: list[int], counts: Counts, llds_acts: bool
+        self,
+        inputs: UpdateInputs,
+        micro: list[int],
+        counts: Counts,
+        llds_acts: bool,
+        prompts: MiniBatchPrompts | None = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """One micro-batch's forward pass and its share of the mini-batch's objective."""
+        """One micro-batch's forward pass and its share of the mini-batch's objective (after
+        the mini-batch's shared `prompts` when given)."""
         cfg, lc = self.cfg, self.cfg.algo.llds
         sub = inputs.batch.select(micro)
         w = sub.response_len
@@ -262,14 +289,14 @@ class PolicyUpdate:
         ref_logp = on_device(None if ref is None else ref[micro, :w])
         is_weights = on_device(None if weights is None else weights[micro, :w])
         answer_mask = on_device(sub.answer_mask) if lc.mask_answer else None
+        how = {"temperature": cfg.rollout.temperature, "with_entropy": cfg.algo.entropy_coef > 0}
         with self.precision.autocast():
-            lp, ent = response_log_probs(
-                self.model,
-                sub,
-                temperature=cfg.rollout.temperature,
-                with_entropy=cfg.algo.entropy_coef > 0,
-                share_prompts=not self.sharded,
-            )
+            if prompts is None:
+                lp, ent = response_log_probs(self.model, sub, share_prompts=not self.sharded, **how)
+            else:
+                lp, ent = log_probs_from_states(
+                    self.model, sub, lambda: prompts.tail_states(sub, micro), **how
+                )
         x = TermInputs(
             log_probs=lp,
             old_log_probs=old_logp,

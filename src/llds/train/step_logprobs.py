@@ -66,6 +66,7 @@ def old_logprobs(
             cfg.optim.logprob_tokens,
             temperature=cfg.rollout.temperature,
             with_entropy=True,
+            prefix_sharing=cfg.rollout.prefix_sharing,
         )
     return False, logp, entropy
 
@@ -78,6 +79,10 @@ def reference_logprobs(
         return None
     with precision.autocast():
         logp, _ = batched_log_probs(
-            ref_model, batch, cfg.optim.logprob_tokens, temperature=cfg.rollout.temperature
+            ref_model,
+            batch,
+            cfg.optim.logprob_tokens,
+            temperature=cfg.rollout.temperature,
+            prefix_sharing=cfg.rollout.prefix_sharing,
         )
     return logp
