@@ -716,14 +716,18 @@ def test_native_trl_and_verl_reports_render_one_collapse_step(written, runs, tmp
     # the comparison draws every panel whose keys the log has
     for run_dir in (*runs, tmp_path / "trl-run", tmp_path / "verl-run"):
         _no_empty_panel_with_keys(run_dir)
-    collapsed = {}
+    collapsed, censored = {}, {}
     for name, page in pages.items():
         dom = _render(browser, page, tmp_path, name)
         box = dom.split("<h2>Verdict</h2>")[1].split("</div></div>")[0]
         body = dom.split("<h2>Runs</h2>")[1]
-        boxed = re.findall(r"collapsed at step (\d+)", box)
+        # a collapse too near the log's end is boxed as censored, with the same step
+        boxed = re.findall(r"(?:collapsed|reward fell to half its peak) at step (\d+)", box)
         attributed = re.findall(r"before the collapse at step (\d+)", body)
         assert boxed == attributed, name
         assert dom.index("<h2>Verdict</h2>") < dom.index("How to read this report"), name
         collapsed[name] = boxed
+        censored[name] = bool(re.search(r"at step \d+, censored", box))
     assert collapsed["native"] and collapsed["verl"] and not collapsed["trl"]
+    # the veRL fixture ends 16 steps after its collapse at step 44: fewer than CENSOR_STEPS
+    assert censored == {"native": False, "trl": False, "verl": True}

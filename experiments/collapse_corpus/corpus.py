@@ -6,7 +6,8 @@
     python experiments/collapse_corpus/corpus.py --collect         # logs, manifest, summary
 
 Runs train in `runs/collapse_corpus/` (checkpoints stay out of the repository); a run that was
-stopped resumes from its newest checkpoint when the same command is run again. `--collect`
+stopped resumes from its newest checkpoint when the same command is run again; a branch whose
+full log is already committed is not run again (nor a trunk with no branch left). `--collect`
 copies every finished run's logs into `runs/` of this folder and writes `manifest.csv` and
 `summary.md` / `summary.json` from them alone.
 """
@@ -14,6 +15,7 @@ copies every finished run's logs into `runs/` of this folder and writes `manifes
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import shutil
 import sys
@@ -58,6 +60,19 @@ def _finished(run_dir: Path, steps: int) -> bool:
 
     rows = read_metrics(run_dir) if run_dir.is_dir() else []
     return bool(rows) and rows[-1]["step"] >= steps
+
+
+def _committed(job: tuple, pilot: bool) -> bool:
+    """Whether a branch's full log is already committed under `runs/` of this folder (a new
+    checkout has no `runs/collapse_corpus/`, so the work folder alone cannot tell)."""
+    if pilot or job[3] is None:
+        return False
+    work = Path(job[0])
+    log = S.RUNS / work.parent.name / work.name / "metrics.jsonl.gz"
+    if not log.is_file():
+        return False
+    lines = gzip.decompress(log.read_bytes()).decode("utf-8").splitlines()
+    return bool(lines) and json.loads(lines[-1])["step"] >= S.STEPS
 
 
 def copy_trunk(trunk: Path, branch: Path, onset: int = S.ONSET) -> None:
@@ -164,14 +179,16 @@ def corpus_jobs(seeds: list[int], arms: list[str]) -> tuple[list, list]:
     return trunks, branches
 
 
-def execute(trunks: list, branches: list, parallel: int) -> None:
-    """Every unfinished run, `parallel` processes at a time, seed by seed: a trunk's branches go
-    to the front of the queue once it is done, so that a seed's runs finish together (and on
-    one machine) before the next seed's trunk starts."""
+def execute(trunks: list, branches: list, parallel: int, pilot: bool = False) -> None:
+    """Every unfinished run not yet committed, `parallel` processes at a time, seed by seed: a
+    trunk's branches go to the front of the queue once it is done, so that a seed's runs finish
+    together (and on one machine) before the next seed's trunk starts."""
     waiting: dict[str, list] = {}
     for job in branches:
+        if _committed(job, pilot):
+            continue
         waiting.setdefault(job[3], []).append(job)
-    queue = list(trunks)
+    queue = [job for job in trunks if job[0] in waiting]  # a trunk with nothing left waits
     with ProcessPoolExecutor(parallel, mp_context=get_context("spawn")) as pool:
         running: dict[Future, tuple] = {}
         while queue or running:
@@ -228,7 +245,7 @@ def main(argv: list[str] | None = None) -> None:
             print(json.dumps({"run_dir": job[0], "overrides": job[1], "allow": job[2]}))
         return
     trunks, branches = pilot_jobs() if args.pilot else corpus_jobs(seeds, arms)
-    execute(trunks, branches, args.parallel)
+    execute(trunks, branches, args.parallel, args.pilot)
 
 
 if __name__ == "__main__":
