@@ -5,7 +5,9 @@ of the same trunk."""
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -227,3 +229,81 @@ def test_the_lld_share_is_pooled_over_responses_not_averaged_over_steps():
     ]
     assert collect.pooled_share(rows, 1, 3) == pytest.approx(0.1)  # 1 of 10, not 0.5
     assert collect.pooled_share(rows, 3, 3) is None
+
+
+def _gz_log(path: Path, steps: int) -> None:
+    path.mkdir(parents=True)
+    rows = "".join(json.dumps({"step": s, "reward/mean": 0.5}) + "\n" for s in range(1, steps + 1))
+    (path / "metrics.jsonl.gz").write_bytes(gzip.compress(rows.encode()))
+
+
+def test_a_committed_branch_is_not_run_again_nor_a_trunk_with_nothing_left(tmp_path, monkeypatch):
+    """A new checkout has no work folder: the committed logs tell which runs are done."""
+    monkeypatch.setattr(S, "RUNS", tmp_path)
+    monkeypatch.setattr(S, "WORK", tmp_path / "work")  # no run has started here
+    _gz_log(tmp_path / "lr" / "seed0", S.STEPS)
+    _gz_log(tmp_path / "none" / "seed0", S.STEPS - 1)  # cut short: runs again
+    for arm in ("mismatch", "mismatch_tis", "tool", "entropy"):
+        _gz_log(tmp_path / arm / "seed0", S.STEPS)
+    trunks, branches = corpus.corpus_jobs([0], list(S.ARMS))
+    done = {Path(b[0]).parent.name for b in branches if corpus._committed(b, False)}
+    assert done == {"lr", "mismatch", "mismatch_tis", "tool", "entropy"}
+    assert not corpus._committed(trunks[0], False)  # a trunk is never "committed"
+    started = []
+    monkeypatch.setattr(corpus, "ProcessPoolExecutor", _Recorder(started))
+    corpus.execute(trunks, branches, 1)
+    assert started == [trunks[0][0], S.branch_dir("none", 0).as_posix()]
+    started.clear()
+    corpus.execute(*corpus.corpus_jobs([8], ["none"]), 1)  # a healthy seed: trunk and control
+    assert started == [S.trunk_dir(8).as_posix(), S.branch_dir("none", 8).as_posix()]
+    _gz_log(tmp_path / "none" / "seed8", S.STEPS)
+    started.clear()
+    corpus.execute(*corpus.corpus_jobs([8], ["none"]), 1)
+    assert started == []  # nothing left: the trunk does not run either
+
+
+class _Recorder:
+    """A stand-in pool that records which run folders would start, and starts none."""
+
+    def __init__(self, started: list[str]):
+        self.started = started
+
+    def __call__(self, *args, **kwargs):
+        return self
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def submit(self, fn, run_dir, *rest):
+        from concurrent.futures import Future
+
+        self.started.append(str(run_dir))
+        fut: Future = Future()
+        fut.set_result(run_dir)
+        return fut
+
+
+def test_the_lld_runs_are_the_protocols(capsys):
+    """lld.py's plan: the pilot's two settings on seeds 100-101 (GRPO only), the arms on seeds
+    0-7, 300 steps, KL off, the paper's 10 mini-batches in rollout order, the second view."""
+    lld = _load("lld")
+    seen = {}
+    for argv in (["--pilot", "a"], ["--pilot", "b"], ["--setting", "b"]):
+        lld.main([*argv, "--dry-run"])
+        seen[argv[1] + argv[0]] = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    for name, runs in seen.items():
+        for r in runs:
+            c = r["config"]
+            assert (c["steps"], c["algo"]["kl_coef"], c["eval_every"]) == (300, 0.0, 10)
+            assert (c["optim"]["mini_batches"], c["optim"]["minibatch_order"]) == (10, "rollout")
+            assert c["optim"]["lr"] == (3e-4 if name == "a--pilot" else 9e-4)
+            assert c["data"]["eval_limit"] == 60
+    assert [(r["arm"], r["seed"]) for r in seen["a--pilot"]] == [("lam0", 100), ("lam0", 101)]
+    arms = {(r["arm"], r["config"]["algo"]["llds"]["enabled"]) for r in seen["b--setting"]}
+    assert arms == {("lam0", False), ("lam0.6", True), ("lam2", True)}
+    assert sorted({r["seed"] for r in seen["b--setting"]}) == list(range(8))
+    coef = {r["arm"]: r["config"]["algo"]["llds"]["coef"] for r in seen["b--setting"]}
+    assert (coef["lam0.6"], coef["lam2"]) == (0.6, 2.0)

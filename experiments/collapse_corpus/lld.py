@@ -1,0 +1,87 @@
+"""The collapse corpus's `lld` mechanism (PROTOCOL.md, "The `lld` mechanism" and amendment 3):
+GRPO on the theorem world, its pilot and then its arms, resumable across machines.
+
+    python experiments/collapse_corpus/lld.py --pilot a --parallel 2   # pilot setting (a)
+    python experiments/collapse_corpus/lld.py --pilot b --parallel 2   # pilot setting (b)
+    python experiments/collapse_corpus/lld.py --setting b --parallel 2 # the arms, seeds 0-7
+    python experiments/collapse_corpus/lld.py ... --dry-run            # each run's config
+    python experiments/collapse_corpus/lld.py ... --park               # archive, to commit
+
+The runs are the LLDS-strength confirmation's part B (its warm start, recipe and micro-batch
+budgets) with the pilot's setting on top, so they are driven by that study's driver
+(`../llds_strength/run.py`: planning from the committed logs, resuming from a checkpoint or a
+parked archive, copying the logs): only the arms, the settings and the folders are this
+study's. A 300-step theorem run outlives one machine: `--park` archives each unfinished run's
+newest checkpoint under `lld/.../parked/` to commit.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: the studies' modules
+from llds_strength.run import driver_arguments, execute, ordered_runs, plan
+
+HERE = Path(__file__).resolve().parent
+WARM_START = HERE.parent / "theorem_world" / "results" / "warm_start_3"
+"""The protocol's warm start (the confirmation's part B), known by the SHA-256 its report holds."""
+BUDGETS = ("optim.micro_batch_tokens=4096", "optim.logprob_micro_batch_tokens=16384")
+"""The confirmation's micro-batch budgets (they change float rounding only)."""
+STEPS = 300
+SETTINGS: dict[str, tuple[str, ...]] = {
+    "a": ("algo.kl_coef=0",),
+    "b": ("algo.kl_coef=0", "optim.lr=9e-4"),
+}
+"""The pilot's settings, in the protocol's order: (a) the recipe with the KL term off, (b) the
+same at 3x the recipe's learning rate (3e-4, the theorem study's calibrated rate)."""
+SECOND_VIEW = ("eval_every=10", "data.eval_limit=60")
+"""The protocol's second view: greedy held-out EM on the first 60 questions every 10 steps."""
+PILOT_SEEDS = (100, 101)
+SEEDS = tuple(range(8))
+PILOT_ARM = "lam0"
+ARMS = ("lam0", "lam0.6", "lam2")
+"""GRPO and GRPO+LLDS at lambda 0.6 and 2, named as the LLDS-strength study names them."""
+MECHANISM = {"lam0": "lld", "lam0.6": "lld+llds", "lam2": "lld+llds"}
+"""The manifest's mechanism of each arm (the issue's naming: LLDS arms as `lld+llds`)."""
+
+
+def folders(pilot: str | None, setting: str) -> tuple[str, Path]:
+    """`(work folder, results folder)` of the pilot at `setting`, or of the arms."""
+    name = f"pilot_{pilot}" if pilot else f"setting_{setting}"
+    return f"runs/collapse_corpus/lld/{name}", HERE / "lld" / name
+
+
+def overrides(setting: str) -> list[str]:
+    """What every run of `setting` adds to the confirmation's recipe (in this order)."""
+    return [f"steps={STEPS}", *BUDGETS, *SETTINGS[setting], *SECOND_VIEW]
+
+
+def main(argv: list[str] | None = None) -> None:
+    pre = driver_arguments(__doc__, "", HERE, SEEDS)
+    pre.add_argument("--pilot", choices=sorted(SETTINGS), default=None, help="a pilot setting")
+    pre.add_argument(
+        "--setting", choices=sorted(SETTINGS), default=None, help="the arms' setting (the pilot's)"
+    )
+    pre.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    pre.set_defaults(
+        theorem="runs/theorem_world_b",
+        warm_archive=str(WARM_START / "model.tar.gz"),
+        warm_report=str(WARM_START / "report.json"),
+        parallel=2,
+    )
+    args = pre.parse_args(argv)
+    if (args.pilot is None) == (args.setting is None):
+        pre.error("give exactly one of --pilot SETTING or --setting SETTING")
+    setting = args.pilot or args.setting
+    work, results = folders(args.pilot, setting)
+    seeds = list(PILOT_SEEDS) if args.pilot and args.seeds == list(SEEDS) else args.seeds
+    arms = [PILOT_ARM] if args.pilot else args.arms
+    theorem, work_dir = Path(args.theorem), Path(args.work or work)
+    results_dir = Path(args.results) if args.results != str(HERE) else results
+    runs = plan(theorem, work_dir, results_dir, ordered_runs(arms, seeds), overrides(setting))
+    execute(runs, theorem, work_dir, results_dir, args)
+
+
+if __name__ == "__main__":
+    main()
