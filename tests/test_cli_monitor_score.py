@@ -14,10 +14,16 @@ The judge split, by hand (collapse at 100, lead >= 20):
 - lld+llds seed 1: cause 40, no collapse: not among the collapses.
 - mismatch seed 1: cause 40, critical at 30 (before the onset, passed over) and 75: lead 25;
   mismatch named: attributed.
+- lr seed 1: cause 75, collapse 100, abrupt (25 steps after the onset): out of the timely
+  denominator and the leads although its critical alarm at 80 is 20 steps ahead (counted as
+  an abrupt collapse warned before it, not attributed: no signature in its rows).
 - tool seed 1: cause 50, censored (no collapse_step), critical at 60: not among the collapses.
-- none seeds 1, 2: seed 2 has a critical alarm at 50: 1 false of 2 healthy = 5.0 per 10.
-Collapses 3; in time 2 (lld 1, mismatch 1); attributed 2. A tune row (lld seed 3) and a tune
-healthy run with a critical alarm stay out of the judge split.
+- none seeds 1, 2 and the corrected twin mismatch+tis seed 1: seed 2 has a critical alarm at
+  50: 1 false of 3 usable healthy = 3.3 per 10; none seed 4 is censored, and its critical
+  alarm at 50 is not counted (counted, it would make 2 of 4 = 5.0).
+Collapses 3 (gradual); in time 2 (lld 1, mismatch 1), leads 30 and 25, median 27.5; attributed
+2. A tune row (lld seed 3) and a tune healthy run with a critical alarm stay out of the judge
+split; the heldout split (tool seed 2: cause 50, critical at 60, lead 40) has no healthy run.
 """
 
 from __future__ import annotations
@@ -34,7 +40,15 @@ from llds.errors import DataFormatError
 from llds.io import write_jsonl
 from llds.monitor import DetectorSettings, Firing, register_detector
 from llds.monitor.alarms import ALARM_KINDS
-from llds.monitor.scoring import CorpusRun, Outcome, parse_manifest, score, scorecard_line
+from llds.monitor.scoring import (
+    COLUMNS,
+    OPTIONAL_COLUMNS,
+    CorpusRun,
+    Outcome,
+    parse_manifest,
+    score,
+    scorecard_line,
+)
 
 STEPS = 140
 
@@ -68,26 +82,46 @@ def rows(critical: tuple[int, ...] = (), collapse: bool = True, **late: float) -
 
 
 CORPUS = [
-    # run, mechanism, seed, split, cause_step, collapse_step, rows
-    ("lld/s1", "lld", 1, "judge", 40, 100, rows((70,), lld__share_pos_fell=(0.2, 0.8))),
-    ("lld/s2", "lld", 2, "judge", 40, 100, rows((85,), lld__share_pos_fell=(0.2, 0.2))),
-    ("lld_llds/s1", "lld+llds", 1, "judge", 40, None, rows(collapse=False)),
-    ("mismatch/s1", "mismatch", 1, "judge", 40, 100, rows((30, 75), mismatch__k3_kl=(1e-3, 1e-2))),
-    ("tool/s1", "tool", 1, "judge", 50, None, rows((60,))),
-    ("none/s1", "none", 1, "judge", None, None, rows(collapse=False)),
-    ("none/s2", "none", 2, "judge", None, None, rows((50,), collapse=False)),
-    ("lld/s3", "lld", 3, "tune", 40, 100, rows((70,), lld__share_pos_fell=(0.2, 0.8))),
-    ("none/s3", "none", 3, "tune", None, None, rows((50,), collapse=False)),
+    # run, arm, seed, split, cause_step, collapse_step, censored, abrupt, rows
+    ("lld/s1", "lld", 1, "judge", 40, 100, "no", "no", rows((70,), lld__share_pos_fell=(0.2, 0.8))),
+    ("lld/s2", "lld", 2, "judge", 40, 100, "no", "no", rows((85,), lld__share_pos_fell=(0.2, 0.2))),
+    ("lld_llds/s1", "lld+llds", 1, "judge", 40, None, "no", "no", rows(collapse=False)),
+    (
+        "mismatch/s1",
+        "mismatch",
+        1,
+        "judge",
+        40,
+        100,
+        "no",
+        "no",
+        rows((30, 75), mismatch__k3_kl=(1e-3, 1e-2)),
+    ),
+    ("lr/s1", "lr", 1, "judge", 75, 100, "no", "yes", rows((80,))),
+    ("tool/s1", "tool", 1, "judge", 50, None, "yes", "no", rows((60,))),
+    ("none/s1", "none", 1, "judge", None, None, "no", "no", rows(collapse=False)),
+    ("none/s2", "none", 2, "judge", None, None, "no", "no", rows((50,), collapse=False)),
+    ("none/s4", "none", 4, "judge", None, None, "yes", "no", rows((50,))),
+    ("tis/s1", "mismatch+tis", 1, "judge", None, None, "no", "no", rows(collapse=False)),
+    ("lld/s3", "lld", 3, "tune", 40, 100, "no", "no", rows((70,), lld__share_pos_fell=(0.2, 0.8))),
+    ("none/s3", "none", 3, "tune", None, None, "no", "no", rows((50,), collapse=False)),
+    ("tool/s2", "tool", 2, "heldout", 50, 100, "no", "no", rows((60,))),
 ]
+
+
+HEALTHY_ARMS = {"mismatch+tis": "none"}
+"""arms whose manifest mechanism is not their name: the corrected twin is a healthy run"""
 
 
 def make_corpus(root: Path) -> Path:
     with (root / "manifest.csv").open("w", newline="", encoding="utf-8") as f:
         out = csv.writer(f)
-        out.writerow(["run", "mechanism", "seed", "split", "cause_step", "collapse_step"])
-        for run, mechanism, seed, split, cause, collapse, log in CORPUS:
+        out.writerow([*COLUMNS, *OPTIONAL_COLUMNS])
+        for run, arm, seed, split, cause, collapse, censored, abrupt, log in CORPUS:
+            mechanism = HEALTHY_ARMS.get(arm, arm)
             write_jsonl(root / run / "metrics.jsonl", log)
-            out.writerow([run, mechanism, seed, split, cause or "", collapse or ""])
+            row = [run, mechanism, seed, split, cause or "", collapse or ""]
+            out.writerow([*row, arm, censored, abrupt])
     settings = {name: {"enabled": False} for name in ALARM_KINDS}
     config = {"monitor": {"alarms": settings, "extra_alarms": {"test_critical": {}}}}
     (root / "hand.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
@@ -105,21 +139,43 @@ def run_score(root: Path, split: str, capsys) -> tuple[int, list[str], str]:
 def test_the_judge_scorecard_is_the_hand_count(tmp_path, capsys) -> None:
     rc, lines, err = run_score(make_corpus(tmp_path), "judge", capsys)
     assert rc == 0, err
-    assert lines[-1] == "scorecard: timely=2/3 false_critical_per_10_healthy=5.0 attributed=2/3"
+    assert lines[-1] == "scorecard: timely=2/3 false_critical_per_10_healthy=3.3 attributed=2/3"
     by = {line.split()[0]: line.split() for line in lines[2:-1]}
-    # mechanism runs collapses warned_in_time median_lead attributed with_critical
-    assert by["lld"][:7] == ["lld", "2", "2", "1", "30", "1", "2"]
-    assert by["mismatch"][:7] == ["mismatch", "1", "1", "1", "25", "1", "1"]
+    # mechanism runs collapses warned_in_time median_lead attributed with_critical abrupt censored
+    assert by["lld"][:9] == ["lld", "2", "2", "1", "30", "1", "2", "0", "0"]
+    assert by["mismatch"][:9] == ["mismatch", "1", "1", "1", "25", "1", "1", "0", "0"]
+    assert by["lr"][:9] == ["lr", "1", "0", "0", "n/a", "0", "1", "1", "0"]
     assert by["lld+llds"][:4] == ["lld+llds", "1", "0", "0"]
-    assert by["tool"][:4] == ["tool", "1", "0", "0"]
-    assert by["none"][:3] == ["none", "2", "0"] and by["none"][6] == "1"
-    assert lines[-2].startswith("none")  # the healthy runs last
+    assert by["tool"][:9] == ["tool", "1", "0", "0", "n/a", "0", "0", "0", "1"]
+    # healthy: 4 runs, 1 censored, 1 false critical of the 3 usable; then by arm
+    assert by["none"][:9] == ["none", "4", "0", "-", "-", "-", "1", "-", "1"]
+    assert "(false critical of 3; a cause named on 0)" in " ".join(by["none"])
+    arms = {line.split()[1]: line.split()[1:] for line in lines if line.startswith("  arm ")}
+    assert arms["none"][:9] == ["none", "3", "0", "-", "-", "-", "1", "-", "1"]
+    assert arms["mismatch+tis"][:9] == ["mismatch+tis", "1", "0", "-", "-", "-", "0", "-", "0"]
+    assert lines.index(next(x for x in lines if x.startswith("none"))) < lines.index(
+        next(x for x in lines if x.startswith("  arm "))
+    )
+    assert "median lead over the split: 27.5 (leads [30, 25])" in lines
+    abrupt = next(line for line in lines if line.startswith("abrupt collapses"))
+    assert "lr 1 (a critical alarm after the onset and before the collapse on 1, attributed 0)" in (
+        abrupt
+    )
 
 
 def test_the_tune_split_is_scored_apart(tmp_path, capsys) -> None:
     rc, lines, _ = run_score(make_corpus(tmp_path), "tune", capsys)
     assert rc == 0
     assert lines[-1] == "scorecard: timely=1/1 false_critical_per_10_healthy=10.0 attributed=1/1"
+    assert not any(line.startswith("abrupt") for line in lines)
+
+
+def test_the_heldout_split_has_no_healthy_runs_and_says_so(tmp_path, capsys) -> None:
+    rc, lines, _ = run_score(make_corpus(tmp_path), "heldout", capsys)
+    assert rc == 0
+    assert lines[-1] == "scorecard: timely=1/1 false_critical_per_10_healthy=n/a attributed=0/1"
+    assert any(line.startswith("no usable healthy run in split heldout") for line in lines)
+    assert "median lead over the split: 40 (leads [40])" in lines
 
 
 def test_a_bad_manifest_is_one_line(tmp_path, capsys) -> None:
@@ -165,3 +221,47 @@ def test_parse_manifest_names_the_row_and_column() -> None:
         parse_manifest(rows, "m.csv")
     with pytest.raises(DataFormatError, match="missing column"):
         parse_manifest([good], "m.csv")
+    with pytest.raises(DataFormatError, match="row 2: abrupt: expected yes or no, got 'maybe'"):
+        parse_manifest([{**good, "cause_step": "4", "collapse_step": "9", "abrupt": "maybe"}], "m")
+    with pytest.raises(DataFormatError, match="row 2: collapse_step: must be empty for a censored"):
+        parse_manifest([{**good, "cause_step": "4", "collapse_step": "99", "censored": "yes"}], "m")
+
+
+def test_abrupt_comes_from_the_column_else_from_the_30_step_rule() -> None:
+    base = {"run": "a", "mechanism": "lr", "seed": "1", "split": "tune", "cause_step": "61"}
+    # no column: 89 - 61 = 28 < 30 abrupt; 91 - 61 = 30 not; no collapse: not abrupt
+    derived = parse_manifest([{**base, "collapse_step": c} for c in ("89", "91", "")], "m")
+    assert [r.abrupt for r in derived] == [True, False, False]
+    assert [r.gradual for r in derived] == [False, True, False]
+    # the column wins over the rule (the corpus's own code wrote it)
+    given = parse_manifest([{**base, "collapse_step": "89", "abrupt": "no", "arm": "lr"}], "m")
+    assert given[0].gradual and given[0].arm == "lr"
+
+
+def test_abrupt_and_censored_runs_leave_the_rates() -> None:
+    """By hand: two gradual lr collapses (one warned 30 ahead, one not warned), one abrupt lr
+    collapse warned 25 ahead (not counted, or timely would be 2/3); healthy: one clean, one
+    with a critical alarm, one censored with a critical alarm (not counted, or F would be
+    6.7): timely 1/2, F = 10 * 1/2 = 5.0."""
+    lr = [
+        Outcome(CorpusRun("a", "lr", 0, "tune", 61, 120), (90,)),
+        Outcome(CorpusRun("b", "lr", 1, "tune", 61, 120), ()),
+        Outcome(CorpusRun("c", "lr", 2, "tune", 61, 85, abrupt=True), (60, 61)),
+    ]
+    healthy = [
+        Outcome(CorpusRun("d", "none", 0, "tune", None, None), ()),
+        Outcome(CorpusRun("e", "none", 1, "tune", None, None, "mismatch+tis"), (100, 150)),
+        Outcome(CorpusRun("f", "none", 2, "tune", None, None, censored=True), (70,)),
+    ]
+    card = score(lr + healthy, "tune")
+    assert scorecard_line(card) == (
+        "scorecard: timely=1/2 false_critical_per_10_healthy=5.0 attributed=0/2"
+    )
+    (row,) = card.causes
+    assert (row.abrupt, row.abrupt_warned, row.leads, row.critical_alarms) == (1, 1, (30,), 3)
+    assert card.healthy is not None
+    assert (card.healthy.usable, card.healthy.critical_alarms, card.healthy.censored) == (2, 2, 1)
+    assert [(a.arm, a.runs, a.with_critical) for a in card.healthy_arms] == [
+        ("mismatch+tis", 1, 1),
+        ("none", 2, 0),
+    ]
