@@ -106,12 +106,15 @@ def sample_sizes(runs: Sequence[CorpusRun]) -> dict[str, int]:
 
 def status_line(complete: bool, n: Mapping[str, int]) -> str:
     said = (
-        f"n = {n['runs']} tune runs: {n['gradual_collapses']} gradual collapses, "
+        f"n = {n['runs']} tune runs: {n['gradual_collapses']} gradual collapse(s), "
         f"{n['abrupt_collapses']} abrupt, {n['healthy_usable']} healthy"
     )
     if complete:
         return f"in-sample, complete tune split ({said})"
-    return f"PRELIMINARY: in-sample, incomplete tune split ({said})"
+    return (
+        f"PRELIMINARY: in-sample, incomplete tune split ({said}); not frozen, the library's "
+        "defaults unchanged"
+    )
 
 
 # ------------------------------------------------------------------ outputs
