@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 from torch import Tensor
-
-KLKind = Literal["k1", "k2", "k3", "low_var_kl", "abs"]
 
 
 def kl_penalty(log_probs: Tensor, ref_log_probs: Tensor, kind: str = "k3") -> Tensor:

@@ -12,17 +12,14 @@ Gates are computed from detached values; gradient flows only through `log_probs`
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 from torch import Tensor
 
 from llds.algo.masking import aggregate, masked_fill_zero
 from llds.algo.segments import action_segments, broadcast_segments, segment_sums
+from llds.config.algo import LLDSConfig, check_arguments
 
-Gate = Literal["token", "response", "action"]
 GATES: tuple[str, ...] = ("token", "response", "action")
-LLDSAggregation = Literal["seq-mean-token-mean", "token-mean"]
 LLDS_AGGREGATIONS: tuple[str, ...] = ("seq-mean-token-mean", "token-mean")
 
 
@@ -97,8 +94,6 @@ def llds_loss(
     Note `d == 0` on the first optimizer step of a rollout batch (pi_theta == pi_old), so LLDS
     acts from the second step on.
     """
-    from llds.algo.config import LLDSConfig, check_arguments  # config imports this module
-
     check_arguments(LLDSConfig, "llds_loss", coef=coef, answer_weight=answer_weight)
     if aggregation not in LLDS_AGGREGATIONS:
         raise ValueError(

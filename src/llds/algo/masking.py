@@ -6,14 +6,9 @@ hold -inf or NaN log-probs, and `0 * inf` would poison the result.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 from torch import Tensor
 
-Aggregation = Literal[
-    "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
-]
 AGGREGATIONS: tuple[str, ...] = (
     "token-mean",
     "seq-mean-token-mean",

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 from torch import Tensor
 
 from llds.algo.masking import aggregate, masked_fill_zero, masked_max, masked_mean, masked_min
-
-RatioType = Literal["token", "sequence"]
+from llds.config.algo import AlgoConfig, RatioType, check_arguments
 
 
 def _broadcast_advantages(advantages: Tensor, like: Tensor) -> Tensor:
@@ -49,8 +46,6 @@ def policy_loss(
     aggregation; None leaves the loss untouched. Returns the aggregated loss and detached
     statistics (no host sync).
     """
-    from llds.algo.config import AlgoConfig, check_arguments  # config imports this module
-
     check_arguments(AlgoConfig, "policy_loss", clip_low=clip_low, clip_high=clip_high)
     if clip_high is None:
         clip_high = clip_low

@@ -25,15 +25,12 @@ or rejected). Outside `loss_mask` weights are 1 and nothing is marked.
 from __future__ import annotations
 
 import math
-from typing import Literal
 
 import torch
 from torch import Tensor
 
 from llds.algo.masking import masked_fill_zero
-
-CorrectionMode = Literal["off", "tis", "mis", "reject"]
-CorrectionLevel = Literal["token", "sequence"]
+from llds.config.algo import CorrectionLevel, CorrectionMode
 
 
 def no_correction(loss_mask: Tensor) -> tuple[Tensor, Tensor]:

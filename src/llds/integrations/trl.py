@@ -34,7 +34,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from llds.algo import LLDSConfig, action_segments, llds_term
 from llds.algo.config import engine_fields, from_engine
-from llds.algo.llds import Gate, LLDSAggregation
+from llds.config.algo import Gate, LLDSAggregation
 from llds.env.rewards import FormatRewardConfig, compute_reward, score_answer
 from llds.errors import ConfigError, DataFormatError
 from llds.metrics import VALID_SEARCHES

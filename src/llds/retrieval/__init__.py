@@ -7,9 +7,7 @@ URL, an index directory or a corpus file. Heavy modules load on first attribute 
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from llds.lazy import lazy_attributes
 from llds.retrieval.base import Hit, Retriever
 
 _LAZY = {
@@ -31,9 +29,4 @@ _LAZY = {
 
 __all__ = ["Hit", "Retriever", *sorted(_LAZY)]
 
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'llds.retrieval' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_attributes(__name__, _LAZY)

@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from llds.algo.config import AlgoConfig, LLDSConfig
+from llds.config.algo import AlgoConfig, LLDSConfig
 from llds.config.loader import Overrides, build, gather
 from llds.config.schema import Invalid, check, section
 from llds.errors import ConfigError, UserInputError
