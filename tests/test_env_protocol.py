@@ -13,7 +13,7 @@ from llds.cli import main
 from llds.config.loader import load
 from llds.env.protocol import PROTOCOL_FILE, Protocol
 from llds.errors import ConfigError, DataFormatError
-from llds.evaluation.evaluate import ProtocolChoice
+from llds.evaluation.config import ProtocolChoice
 from llds.train.config import load_config
 from llds.train.trainer import GRPOTrainer
 

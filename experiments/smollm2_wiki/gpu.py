@@ -164,7 +164,8 @@ def eval_data(data: Path, out: Path) -> Path:
 def evaluate_start(args: argparse.Namespace, sft: Path, evals: Path, corpus: str, cfg) -> Path:
     """The warm start's greedy evaluation with the limits of the runs' own evaluations (`cfg`:
     one run's config), kept as step 0 of every run."""
-    from llds.evaluation.evaluate import EvalConfig, ProtocolChoice, run_evaluation
+    from llds.evaluation.config import EvalConfig, ProtocolChoice
+    from llds.evaluation.evaluate import run_evaluation
     from llds.runs.eval_result import eval_file
 
     start = eval_file(sft, 0)

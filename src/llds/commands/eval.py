@@ -16,7 +16,7 @@ OUTPUT_FILES = ("out",)
 """files this command writes: never one of its inputs"""
 
 
-CONFIG = "llds.evaluation.evaluate:EvalConfig"
+CONFIG = "llds.evaluation.config:EvalConfig"
 
 
 def run(cfg: Any, args: argparse.Namespace) -> int:

@@ -19,7 +19,7 @@ OUTPUT_OWNS = ("probe.json",)
 """what an earlier output of this command holds: such a folder may be written again"""
 
 
-CONFIG = "llds.probe.one_step:ProbeConfig"
+CONFIG = "llds.probe.config:ProbeConfig"
 
 
 def run(cfg: Any, args: argparse.Namespace) -> int:
