@@ -15,13 +15,6 @@ from typing import Literal
 from llds.config.schema import section
 from llds.errors import UserInputError
 from llds.io import atomic_directory, write_json
-from llds.train.checkpoint import (
-    MODEL_DIR,
-    TRAINER_STATE,
-    checkpoint_problem,
-    checkpoint_step,
-    find_resumable,
-)
 
 EXPORT_RECORD = "llds_export.json"
 """what an export writes beside the weights: the checkpoint it came from (and marks the folder
@@ -52,6 +45,13 @@ def checkpoint_to_export(source: Path) -> Path:
     run directory's newest checkpoint that verifies; refused in one line otherwise."""
     if not source.is_dir():
         raise UserInputError(f"source: {source} is not a directory")
+    from llds.train.checkpoint import (  # torch, for the checks below
+        TRAINER_STATE,
+        checkpoint_problem,
+        checkpoint_step,
+        find_resumable,
+    )
+
     if (source / TRAINER_STATE).is_file() or checkpoint_step(source) is not None:
         problem = checkpoint_problem(source)
         if problem:
@@ -70,12 +70,13 @@ def checkpoint_to_export(source: Path) -> Path:
 def export_model(cfg: ExportConfig) -> Path:
     """Write `cfg.source`'s weights, merged when they are an adapter, to `cfg.out` (whole or
     not at all; an existing folder is replaced); returns the checkpoint exported."""
+    ckpt = checkpoint_to_export(Path(cfg.source))  # before the imports of the work (torch)
     from llds.env.protocol import Protocol
     from llds.policy.config import ModelConfig
     from llds.policy.lora import adapter_dir_of
     from llds.policy.setup import load_model
+    from llds.train.checkpoint import MODEL_DIR
 
-    ckpt = checkpoint_to_export(Path(cfg.source))
     weights = adapter_dir_of(ckpt) or ckpt / MODEL_DIR
     model, tokenizer = load_model(ModelConfig(path=str(weights), device="cpu"), dtype=cfg.dtype)
     protocol = Protocol.read(weights)
