@@ -20,6 +20,7 @@ from llds.monitor import MECHANISMS, DetectorSettings, Firing, register_detector
 from llds.monitor.alarms import ACTIONABLE_KINDS, ALARM_KINDS, SEVERITY, AlarmMonitor, scan_alarms
 from llds.monitor.baseline import Comparison, EarlyWindow
 from llds.monitor.registry import detector_spec, registered_detectors
+from llds.monitor.replay import monitor_config_from
 from llds.monitor.settings import AlarmsConfig, MonitorConfig
 from llds.train.config import TrainConfig
 
@@ -147,6 +148,29 @@ def test_switching_a_detector_off_leaves_the_others_alone() -> None:
     without = scan_alarms(rows, cfg)
     assert "entropy_drift" in {a.kind for a in both}
     assert [a for a in both if a.kind != "entropy_drift"] == without
+
+
+def test_a_detectors_severity_is_set_from_the_config_and_changes_nothing_else() -> None:
+    """`monitor.alarms.<name>.severity`: the tuned settings choose which alarms are critical;
+    the alarms themselves (steps, messages) stay the same."""
+    rows = step_rows(
+        80,
+        reward__mean=switch(0.5, 0.5),
+        policy__entropy=switch(1.0, 0.1),
+    )
+    registered = scan_alarms(rows)
+    drift = [a for a in registered if a.kind == "entropy_drift"]
+    assert drift and {a.severity for a in drift} == {SEVERITY["entropy_drift"]} == {"warning"}
+    cfg = monitor_config_from({"alarms": {"entropy_drift": {"severity": "critical"}}}, "t.yaml")
+    raised = scan_alarms(rows, cfg)
+    assert [(a.step, a.kind, a.message) for a in raised] == [
+        (a.step, a.kind, a.message) for a in registered
+    ]
+    assert [a.severity for a in raised] == [
+        "critical" if a.kind == "entropy_drift" else a.severity for a in registered
+    ]
+    with pytest.raises(ConfigError, match=r"monitor\.alarms\.entropy_drift\.severity"):
+        monitor_config_from({"alarms": {"entropy_drift": {"severity": "loud"}}}, "t.yaml")
 
 
 def test_early_window_compares_the_first_values_with_the_last() -> None:

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from llds.monitor import drift_alarms, phase_alarms, searches  # noqa: F401  (they register)
 from llds.monitor.phases import PhaseLabel, PhaseTracker
-from llds.monitor.registry import Severity, StepView, detector_spec, mechanism_of
+from llds.monitor.registry import Severity, StepView, detector_spec, mechanism_of, severity_of
 from llds.monitor.settings import BUILT_IN_ALARMS, AlarmConfig, MonitorConfig, active_detectors
 
 __all__ = ["AlarmConfig", "MonitorConfig"]
@@ -123,7 +123,9 @@ class AlarmMonitor:
     def __init__(self, config: MonitorConfig | None = None) -> None:
         self.config = config or MonitorConfig()
         self.tracker = PhaseTracker(self.config.phase)
-        self.detectors = [(spec, spec.build(s)) for spec, s in active_detectors(self.config)]
+        self.detectors = [
+            (spec, severity_of(spec, s), spec.build(s)) for spec, s in active_detectors(self.config)
+        ]
         self._active: dict[str, bool] = {}
         self._quiet: dict[str, int] = {}
         self.alarms: list[Alarm] = []
@@ -138,7 +140,7 @@ class AlarmMonitor:
         self.label = label
         view = StepView(label.step, row, label, self.tracker.history, self.config.phase)
         raised = []
-        for spec, detector in self.detectors:
+        for spec, severity, detector in self.detectors:
             kind = spec.name
             firing = detector.update(view)
             if firing is None:
@@ -152,7 +154,7 @@ class AlarmMonitor:
             self._active[kind] = True
             evidence: dict[str, Any] = {"phase": label.phase, **firing.evidence}
             evidence.update({k: label.evidence[k] for k in COMMON_EVIDENCE})
-            raised.append(Alarm(label.step, kind, spec.severity, firing.message, evidence))
+            raised.append(Alarm(label.step, kind, severity, firing.message, evidence))
         self.alarms.extend(raised)
         return raised
 

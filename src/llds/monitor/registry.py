@@ -42,6 +42,10 @@ class DetectorSettings:
 
     enabled: bool = True
     """raise this alarm; off, the detector does not run at all"""
+    severity: Severity | None = None
+    """this alarm's severity; unset, the one it was registered with. Critical is what the
+    monitor's scorecard counts as a warning of collapse: which detectors are critical is
+    chosen on the collapse corpus's tune split (docs/diagnostics.md)"""
 
 
 @dataclass(frozen=True)
@@ -116,6 +120,12 @@ def register_detector(
         return build
 
     return add
+
+
+def severity_of(spec: DetectorSpec, settings: Any) -> Severity:
+    """The severity in force for a detector: its settings' `severity` where set (a detector
+    registered outside llds may have settings without one), else the registered one."""
+    return getattr(settings, "severity", None) or spec.severity
 
 
 def registered_detectors() -> tuple[DetectorSpec, ...]:

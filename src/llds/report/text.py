@@ -13,6 +13,7 @@ from itertools import pairwise
 from typing import Any
 
 from llds import metrics as keys
+from llds.monitor.registry import severity_of
 from llds.monitor.settings import MonitorConfig, configured_detectors
 from llds.report.attribution import (
     COLLAPSE,
@@ -133,7 +134,7 @@ def _alarm_text(cfg: MonitorConfig) -> str:
         off = "" if settings.enabled else ", off"
         mechanism = "" if spec.mechanism == "unspecific" else f", {spec.mechanism}"
         items.append(
-            f"<dt>{spec.name} <small>({spec.severity}{mechanism}{off})</small></dt>"
+            f"<dt>{spec.name} <small>({severity_of(spec, settings)}{mechanism}{off})</small></dt>"
             f"<dd>{markup(spec.describe(settings, cfg.phase))}</dd>"
         )
         if spec.actionable:
