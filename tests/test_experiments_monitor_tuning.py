@@ -35,8 +35,10 @@ from llds.errors import UserInputError
 from llds.io import write_jsonl
 from llds.monitor import DetectorSettings, Firing, register_detector
 from llds.monitor.alarms import scan_alarms
+from llds.monitor.registry import detector_spec
 from llds.monitor.replay import load_monitor_config, monitor_config_from
 from llds.monitor.scoring import COLUMNS, OPTIONAL_COLUMNS, CorpusRun
+from llds.monitor.settings import BUILT_IN_ALARMS
 from llds.report.sources import find_source, read_source
 from monitor_tuning import tune
 from monitor_tuning.choice import MAX_FALSE_PER_10
@@ -209,7 +211,12 @@ def test_the_frozen_file_loads_as_monitor_settings(tmp_path) -> None:
     frozen = tmp_path / "out" / "frozen.yaml"
     assert "# Critical: tuning_test_x;" in frozen.read_text(encoding="utf-8")
     cfg = load_monitor_config(frozen)
-    assert cfg.extra_alarms == {"tuning_test_x": {"level": 3.0}}
+    assert cfg.extra_alarms == {"tuning_test_x": {"level": 3.0, "severity": "critical"}}
+    # the detectors registered as critical that the tune split did not choose: warnings
+    for name in BUILT_IN_ALARMS:
+        registered = detector_spec(name).severity
+        want = "warning" if registered == "critical" else None
+        assert getattr(cfg.alarms, name).severity == want, name
 
 
 def test_one_replay_per_grid_position_equals_each_detector_alone() -> None:

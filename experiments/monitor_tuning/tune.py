@@ -26,7 +26,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: the studies' modules
 
 from llds.io import atomic_write, write_json
+from llds.monitor.registry import registered_detectors
 from llds.monitor.scoring import HEALTHY, CorpusRun, parse_manifest, scorecard_line, table
+from llds.monitor.settings import BUILT_IN_ALARMS
 from llds.report.attribution import verdict_of
 from llds.report.sources import find_source, read_source
 from monitor_tuning.choice import SPLIT, Choice, Figures, ReplayedRun, choose
@@ -199,8 +201,8 @@ def choice_json(
         "chosen": figures_json(chosen),
         "runner_up": None if choice.runner_up is None else figures_json(choice.runner_up),
         "note": (
-            "severity is declared where a detector is registered: the critical set takes "
-            "effect in the monitor only through a per-detector severity setting"
+            "the critical set takes effect through monitor.alarms.<name>.severity, which "
+            "frozen.yaml sets (tune.py --freeze)"
         ),
     }
 
@@ -254,20 +256,35 @@ def results_md(choice: Choice, status: str, n: Mapping[str, int]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def with_severities(section: dict[str, Any], choice: Choice) -> dict[str, Any]:
+    """`section` with each detector's `severity` (`monitor.alarms.<name>.severity`): critical
+    for the chosen cells' detectors, warning for every other detector registered as critical
+    (the protocol: critical only where the tune split chose it); the rest keep theirs."""
+    chosen = {c.detector for c in choice.chosen.cells}
+    alarms = section.setdefault("alarms", {})
+    extra = section.get("extra_alarms", {})
+    for spec in registered_detectors():
+        demoted = spec.severity == "critical" and spec.name not in chosen
+        if spec.name not in chosen and not demoted:
+            continue
+        where = alarms if spec.name in BUILT_IN_ALARMS else extra
+        if spec.name in where or spec.name in BUILT_IN_ALARMS:
+            where.setdefault(spec.name, {})["severity"] = "warning" if demoted else "critical"
+    return section
+
+
 def frozen_yaml(choice: Choice, status: str) -> str:
     """The chosen settings as a `monitor:` section the config system loads, and the critical
     set in its header."""
     import yaml
 
-    section = monitor_section(choice.chosen.cells, disable_others=False)
+    section = with_severities(monitor_section(choice.chosen.cells, disable_others=False), choice)
     body = yaml.safe_dump({"monitor": section}, sort_keys=True)
     critical = ", ".join(c.detector for c in choice.chosen.cells) or "none"
     head = [
         "# Monitor settings frozen from the collapse corpus's tune split",
         "# (experiments/monitor_tuning/PROTOCOL.md; tune.py --freeze; " + status + ").",
-        f"# Critical: {critical}; every other detector a warning (stagnation: info).",
-        "# Severity is declared where a detector is registered: this critical set takes effect",
-        "# through a per-detector severity setting once the library has one.",
+        f"# Critical: {critical}; every other detector registered as critical is a warning.",
     ]
     return "\n".join(head) + "\n" + body
 
