@@ -156,7 +156,7 @@ def main() -> None:
     # tokens the update's forward+backward really processes per optimizer epoch: every
     # response token, and each group's shared prompt once (one forward per distinct prompt)
     responses = args.prompts * args.group * args.tokens
-    prompt_tokens = statistics.fmean(len(trainer._prompt_ids(q)) for q in world.train[:64])
+    prompt_tokens = statistics.fmean(len(trainer.prompt_ids(q)) for q in world.train[:64])
     tokens = responses + args.prompts * prompt_tokens
     print(f"machine: {machine()}")
     print(f"command: `python benchmarks/gpu_step.py {' '.join(sys.argv[1:])}`".strip())

@@ -256,7 +256,7 @@ def _run_native(model, tok, examples, args, run_dir: str, arm: str) -> dict[str,
         with counted_syncs(args.device) as caught:
             trainer.train_step()
         syncs = sync_summary(caught)
-    prompts = [trainer._prompt_ids(ex) for ex in examples]
+    prompts = [trainer.prompt_ids(ex) for ex in examples]
     return {
         "times": times,
         "gen": parts,

@@ -4,6 +4,7 @@ functions over the global batch (`llds.train.global_batch`, `llds.train.update_s
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -65,10 +66,10 @@ def test_policy_keeps_float32_master_weights_and_a_frozen_starting_reference(
 
 def test_rollout_and_sampling_models(world_tokenizer) -> None:
     model = make_tiny_model(world_tokenizer)
-    precision = Precision(None)
-    assert build.rollout_model(config(), Dist(), model, precision) is model
+    policy = build.Policy(model, world_tokenizer, Precision(None), None)
+    assert build.rollout_model(config(), Dist(), policy) is model
     with pytest.raises(ConfigError, match=r"fsdp\.enabled: needs a multi-process launch"):
-        build.rollout_model(config("fsdp.enabled=true"), Dist(), model, precision)
+        build.rollout_model(config("fsdp.enabled=true"), Dist(), policy)
     itself = build.sampler(config(), model)
     assert itself.model is model and not itself.is_copy
     copy = build.sampler(config("rollout.dtype=bfloat16"), model)
@@ -106,16 +107,18 @@ def test_protocol_records_what_eval_needs() -> None:
 
 
 def test_periodic_evaluator_only_when_due_and_on_the_main_process(small_world, tmp_path) -> None:
-    cfg = config()
-    args = dict(search=None, tokenizer=None, rollout=cfg.rollout, template=None, run_dir=tmp_path)
-    assert build.periodic_evaluator(cfg, FakeDist(), small_world.test, **args) is None
-    due = config("eval_every=2")
-    assert build.periodic_evaluator(due, FakeDist(2, rank=1), small_world.test, **args) is None
-    ev = build.periodic_evaluator(due, FakeDist(), small_world.test, **args)
+    cfg = config(f"run_dir={tmp_path}")
+    engine = SimpleNamespace(retriever=None, tokenizer=None, config=cfg.rollout)
+    args = (engine, build.prompts(cfg, None))
+    assert build.periodic_evaluator(cfg, FakeDist(), small_world.test, *args) is None
+    due = config("eval_every=2", f"run_dir={tmp_path}")
+    assert build.periodic_evaluator(due, FakeDist(2, rank=1), small_world.test, *args) is None
+    ev = build.periodic_evaluator(due, FakeDist(), small_world.test, *args)
     assert ev is not None and ev.rollout.max_turns == 0  # no retriever: single-turn
     assert ev.rollout.temperature == 0.0 and ev.rollout.group_size == 1
+    assert ev.template.text == "Question: {question}\n" and ev.out_dir == tmp_path
     with pytest.raises(ConfigError, match=r"eval_every: set data\.eval"):
-        build.periodic_evaluator(due, FakeDist(), None, **args)
+        build.periodic_evaluator(due, FakeDist(), None, *args)
 
 
 def test_probe_set_is_drawn_once_from_the_seed(small_world) -> None:

@@ -1,10 +1,12 @@
 """The pieces of a GRPO run, each built from the config by one function.
 
-`GRPOTrainer.__init__` calls these in order; the order matters where it is stated (the KL
-reference is copied before a checkpoint's weights replace the starting ones, the unsharded copy
-before the policy is sharded, LoRA's fresh adapters draw from the seeded torch stream). Every
-function takes the objects it needs and returns what it built, so that a reader (or a test) can
-build one piece without a trainer.
+`GRPOTrainer.__init__` calls these in order: the policy (with its KL reference), the sampler,
+the prompts and the rollout engine, the periodic evaluator, the update, the checkpoints, the
+diagnostics. The order matters where it is stated (the KL reference is copied before a
+checkpoint's weights replace the starting ones, the unsharded copy before the policy is sharded,
+LoRA's fresh adapters draw from the seeded torch stream). Every function takes the objects it
+needs and returns what it built, so that a reader (or a test) can build one piece without a
+trainer.
 """
 
 from __future__ import annotations
@@ -15,13 +17,12 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from llds.algo.lr_schedule import lr_factor
 from llds.algo.objective import active_terms
-from llds.config.loader import to_dict
 from llds.data.example import QAExample
 from llds.env.prompts import PromptTemplate
 from llds.env.protocol import Protocol
@@ -33,16 +34,21 @@ from llds.policy.precision import Precision, compute_dtype_of
 from llds.policy.sampling_copy import Sampler, sampler_for
 from llds.policy.setup import frozen_copy, load_model
 from llds.retrieval.base import Retriever
-from llds.rollout import RolloutConfig, RolloutEngine
-from llds.runs.tracking import MetricsLogger
+from llds.rollout import RolloutEngine
 from llds.train import fsdp
 from llds.train.checkpoint import find_resumable
 from llds.train.config import TrainConfig
 from llds.train.diagnostics import Diagnostics
 from llds.train.distributed import Dist
+from llds.train.policy_update import PolicyUpdate
+from llds.train.prompts import PromptEncoder
 from llds.train.resume import checked_config_changes, parse_allowances, warn_if_float_env_changed
+from llds.train.saving import RunCheckpoints, RunState
 
 log = logging.getLogger("llds.train")
+
+CHECKPOINTS = "checkpoints"
+"""the folder of a run's checkpoints, inside its `run_dir`"""
 
 
 @dataclass(frozen=True)
@@ -55,8 +61,7 @@ class ResumePoint:
     changed: set[str]
 
 
-@dataclass(frozen=True)
-class Policy:
+class Policy(NamedTuple):
     """The trained model with its tokenizer, its compute dtype and its KL reference (None when
     `algo.kl_coef` is 0)."""
 
@@ -64,6 +69,12 @@ class Policy:
     tokenizer: Any
     precision: Precision
     reference: Any | None
+
+
+def check_run(cfg: TrainConfig, dist: Dist) -> None:
+    """What can be refused before anything is read: the loss terms, the groups per process."""
+    check_loss_terms(cfg)
+    check_whole_groups(cfg, dist)
 
 
 def check_loss_terms(cfg: TrainConfig) -> None:
@@ -112,13 +123,14 @@ def check_whole_groups(cfg: TrainConfig, dist: Dist) -> None:
 def resume_point(
     cfg: TrainConfig,
     dist: Dist,
-    ckpt_root: Path,
     *,
     resume: bool,
     allow_config_change: str | Sequence[str] | None,
 ) -> ResumePoint:
-    """The newest checkpoint that verifies (when resuming) and the config changes allowed
-    against it; a refused change raises here, before anything is loaded."""
+    """The newest checkpoint in `run_dir/checkpoints` that verifies (when resuming) and the
+    config changes allowed against it; a refused change raises here, before anything is
+    loaded."""
+    ckpt_root = Path(cfg.run_dir) / CHECKPOINTS
     # verified (every file hashed) once, on the main process: the disk is shared
     ckpt, damaged = dist.from_main(lambda: find_resumable(ckpt_root)) if resume else (None, [])
     changed = checked_config_changes(
@@ -133,9 +145,10 @@ def policy(
     cfg: TrainConfig, dist: Dist, checkpoint: Path | None, model: Any = None, tokenizer: Any = None
 ) -> Policy:
     """The policy in float32 master weights (whatever `model.dtype` says: that is the compute
-    dtype): the given or configured model, with LoRA's adapters (fresh, or the checkpoint's) or
-    the checkpoint's full weights. The KL reference is the starting model: a frozen copy taken
-    before a checkpoint's weights are loaded, or with LoRA the policy with its adapters off."""
+    dtype), in train mode: the given or configured model, with LoRA's adapters (fresh, or the
+    checkpoint's) or the checkpoint's full weights. The KL reference is the starting model: a
+    frozen copy taken before a checkpoint's weights are loaded, or with LoRA the policy with its
+    adapters off."""
     if model is None or tokenizer is None:
         model, tokenizer = load_model(cfg.model, dtype="float32")
     to_float32(model)
@@ -158,13 +171,15 @@ def policy(
         model, tokenizer = load_model(cfg.model, path=str(checkpoint / "model"), dtype="float32")
         to_float32(model)
         model.to(device_type if not dist.enabled else dist.device)
+    model.train()
     return Policy(model, tokenizer, precision, reference)
 
 
-def rollout_model(cfg: TrainConfig, dist: Dist, model: Any, precision: Precision) -> Any:
+def rollout_model(cfg: TrainConfig, dist: Dist, policy: Policy) -> Any:
     """The model that samples, scores pi_old and runs the diagnostics: the policy itself, or
     under FSDP an unsharded copy in the compute dtype (refreshed from the shards every step),
     taken before this function shards the policy in place."""
+    model, precision = policy.model, policy.precision
     if not cfg.fsdp.enabled:
         return model
     if not dist.enabled:
@@ -238,6 +253,12 @@ def prompt_template(cfg: TrainConfig) -> PromptTemplate:
     return PromptTemplate.from_file(path)
 
 
+def prompts(cfg: TrainConfig, tokenizer: Any) -> PromptEncoder:
+    """The run's prompt encoder: `data.prompt_template`, through the chat template or not
+    (`model.chat`)."""
+    return PromptEncoder(tokenizer, prompt_template(cfg), chat=cfg.model.chat)
+
+
 def rollout_engine(
     cfg: TrainConfig, sampler: Any, tokenizer: Any, search: Retriever | None
 ) -> RolloutEngine:
@@ -265,15 +286,12 @@ def periodic_evaluator(
     cfg: TrainConfig,
     dist: Dist,
     given: Sequence[QAExample] | None,
-    *,
-    search: Retriever | None,
-    tokenizer: Any,
-    rollout: RolloutConfig,
-    template: PromptTemplate,
-    run_dir: Path,
+    engine: RolloutEngine,
+    prompts: PromptEncoder,
 ) -> PeriodicEvaluator | None:
     """Greedy held-out evaluation every `eval_every` steps (main process only; None when off)
-    on the given questions, else `data.eval`'s."""
+    on the given questions, else `data.eval`'s, with the training engine's limits, retriever
+    and tokenizer and the run's prompts; each result is kept in `run_dir`."""
     if cfg.eval_every <= 0 or not dist.is_main:
         return None
     examples = given
@@ -283,15 +301,16 @@ def periodic_evaluator(
         from llds.data.loaders import load_examples
 
         examples = load_examples(cfg.data.eval, limit=cfg.data.eval_limit)
+    search = engine.retriever
     return PeriodicEvaluator(
         examples,
         search,
-        tokenizer,
+        engine.tokenizer,
         # a single-turn run (no retriever) is evaluated single-turn too
-        eval_rollout_config(rollout, cfg.eval_max_turns if search else 0),
-        template=template,
-        chat=cfg.model.chat,
-        out_dir=run_dir,
+        eval_rollout_config(engine.config, cfg.eval_max_turns if search else 0),
+        template=prompts.template,
+        chat=prompts.chat,
+        out_dir=Path(cfg.run_dir),
     )
 
 
@@ -318,6 +337,20 @@ def optimizer(cfg: TrainConfig, model: Any) -> torch.optim.AdamW:
     )
 
 
+def update(cfg: TrainConfig, dist: Dist, policy: Policy) -> PolicyUpdate:
+    """The run's optimizer steps: AdamW over the policy's trainable weights, with the loss
+    scale float16 autocast needs (None otherwise)."""
+    return PolicyUpdate(
+        cfg,
+        policy.model,
+        optimizer(cfg, policy.model),
+        policy.precision.grad_scaler(),
+        policy.precision,
+        dist,
+        sharded=cfg.fsdp.enabled,
+    )
+
+
 def scheduler(cfg: TrainConfig, optim: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
     """The learning-rate schedule (`optim.schedule` with its warm-up, or `optim.lr_points`)
     over `steps`."""
@@ -341,30 +374,41 @@ def fusable(params: Sequence[torch.nn.Parameter]) -> bool:
     return all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
 
 
-def diagnostics(cfg: TrainConfig, dist: Dist, trainer: Any) -> Diagnostics:
-    """The run's measurements, on the trainer's models, engine and probe set."""
-    return Diagnostics(
-        cfg,
-        dist,
-        model=trainer.model,
-        rollout_model=trainer.rollout_model,
-        precision=trainer.precision,
-        tokenizer=trainer.tokenizer,
-        retriever=trainer.retriever,
-        engine=trainer.engine,
-        template=trainer.template,
-        probe_set=trainer.probe_set,
-        prompt_ids=trainer._prompt_ids,
+def checkpoints(
+    cfg: TrainConfig, dist: Dist, run: RunState, template: PromptTemplate
+) -> RunCheckpoints:
+    """The run's checkpoints under `run_dir/checkpoints`, each with the protocol beside its
+    weights, `keep_checkpoints` of them kept."""
+    return RunCheckpoints(
+        Path(cfg.run_dir) / CHECKPOINTS,
+        run,
+        protocol(cfg, template),
+        keep=cfg.keep_checkpoints,
+        dist=dist,
+        sharded=cfg.fsdp.enabled,
+        model_cfg=cfg.model,
     )
 
 
-def metrics_logger(cfg: TrainConfig, run_dir: Path, step: int) -> MetricsLogger:
-    """The run's metrics log (and TensorBoard / W&B), cut back to `step` on a resume."""
-    return MetricsLogger(
-        run_dir,
-        tensorboard=cfg.logging.tensorboard,
-        wandb=cfg.logging.wandb,
-        wandb_project=cfg.logging.wandb_project,
-        resume_step=step,
-        config=to_dict(cfg),
+def diagnostics(
+    cfg: TrainConfig,
+    dist: Dist,
+    policy: Policy,
+    sampler: Sampler,
+    engine: RolloutEngine,
+    prompts: PromptEncoder,
+    examples: Sequence[QAExample],
+) -> Diagnostics:
+    """The run's measurements: of the policy's forward (`sampler.policy`: under FSDP the
+    unsharded copy), with the engine's limits, retriever and padding, the run's prompts and the
+    probe's fixed questions drawn from `examples`."""
+    return Diagnostics(
+        cfg,
+        dist,
+        model=policy.model,
+        forward=sampler.policy,
+        precision=policy.precision,
+        engine=engine,
+        prompts=prompts,
+        probe_set=probe_set(cfg, dist, examples),
     )

@@ -11,9 +11,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -41,14 +40,17 @@ from llds.retrieval.base import Retriever
 from llds.rollout import RolloutBatch, RolloutEngine
 from llds.train.config import TrainConfig
 from llds.train.distributed import Dist
+from llds.train.prompts import PromptEncoder
 
 log = logging.getLogger("llds.train")
 
 
 class Diagnostics:
-    """The run's measurements. `rollout_model` is the policy's forward, `model` the trained
-    module (put back in train mode after a measurement), `engine` the run's rollout engine
-    (its limits and padding), `prompt_ids(example)` the run's prompt encoder."""
+    """The run's measurements, given what they measure: `forward` is the policy's forward (the
+    trained module, or under FSDP its unsharded copy), `model` the trained module (put back in
+    train mode after a measurement), `engine` the run's rollout engine (its limits, retriever,
+    tokenizer and padding), `prompts(example)` the run's prompt encoder (with its template),
+    `probe_set` the probe's fixed training questions."""
 
     def __init__(
         self,
@@ -56,26 +58,23 @@ class Diagnostics:
         dist: Dist,
         *,
         model: torch.nn.Module,
-        rollout_model: torch.nn.Module,
+        forward: torch.nn.Module,
         precision: Precision,
-        tokenizer: Any,
-        retriever: Retriever | None,
         engine: RolloutEngine,
-        template: Any,
+        prompts: PromptEncoder,
         probe_set: Sequence[QAExample],
-        prompt_ids: Callable[[QAExample], list[int]],
     ) -> None:
         self.cfg = cfg
         self.dist = dist
         self.model = model
-        self.rollout_model = rollout_model
+        self.rollout_model = forward
         self.precision = precision
-        self.tokenizer = tokenizer
-        self.retriever = retriever
         self.engine = engine
-        self.template = template
+        self.tokenizer = engine.tokenizer
+        self.retriever: Retriever | None = engine.retriever
+        self.template = prompts.template
+        self.prompt_ids = prompts
         self.probe_set = probe_set
-        self.prompt_ids = prompt_ids
         self.reference: ReferenceChains | None = None
 
     # ------------------------------------------------------------------ after every update

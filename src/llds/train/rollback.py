@@ -66,13 +66,6 @@ def rollback_target(ckpt_root: Path, before_step: int) -> Path:
     return target
 
 
-def keep_abandoned_log(run_dir: Path, rollbacks: int) -> Path:
-    """Keep the evidence: the metrics log of the branch a rollback abandons, beside the run."""
-    abandoned = run_dir / f"metrics.rollback{rollbacks + 1}.jsonl"
-    abandoned.write_text((run_dir / "metrics.jsonl").read_text(encoding="utf-8"))
-    return abandoned
-
-
 def rollback_algo(cfg: TrainConfig) -> AlgoConfig:
     """The loss's settings after a rollback: the config's with LLDS on, at a coefficient of at
     least `diagnostics.rollback_llds_coef` (the config itself is left as the user wrote it)."""

@@ -19,6 +19,7 @@ from llds.train import fsdp
 from llds.train.checkpoint import (
     MODEL_DIR,
     STAGING_PREFIX,
+    load_training_state,
     publish_checkpoint,
     save_checkpoint,
     stage_checkpoint,
@@ -39,6 +40,45 @@ class RunState:
     optimizer: Any
     scheduler: Any
     scaler: Any = None
+
+
+@dataclass(frozen=True)
+class RunCheckpoints:
+    """A run's checkpoints: where they go (`root`), what each holds (the run's state, the
+    protocol), how many are kept; written from every process, restored into the live run by a
+    resume and by a rollback alike."""
+
+    root: Path
+    run: RunState
+    protocol: Protocol | None
+    keep: int
+    dist: Dist
+    sharded: bool
+    model_cfg: ModelConfig
+
+    def save(self, step: int, trainer_state: dict[str, Any]) -> Path | None:
+        """Checkpoint `step` atomically; its path on rank 0 (None elsewhere)."""
+        return save_run_checkpoint(
+            self.root,
+            step,
+            self.run,
+            trainer_state,
+            keep=self.keep,
+            protocol=self.protocol,
+            dist=self.dist,
+            sharded=self.sharded,
+        )
+
+    def restore(self, ckpt: Path, *, weights: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Checkpoint `ckpt` into the live run: the optimizer, schedule and loss scale, and with
+        `weights` the weights too (a rollback; a resume's are loaded with the policy). Returns
+        its trainer state and blobs (the random streams among them)."""
+        state, blobs = load_training_state(ckpt)
+        if weights:
+            restore_checkpoint(ckpt, blobs, self.run, self.model_cfg, sharded=self.sharded)
+        else:
+            load_run_state(ckpt, blobs, self.run, sharded=self.sharded)
+        return state, blobs
 
 
 def save_run_checkpoint(

@@ -22,7 +22,6 @@ import torch
 from llds.algo import group_advantages
 from llds.config.loader import to_dict
 from llds.data.example import QAExample
-from llds.env.prompts import build_prompt_ids
 from llds.errors import ServiceUnavailableError
 from llds.evaluation.periodic import is_due
 from llds.monitor.alarms import Alarm
@@ -31,31 +30,25 @@ from llds.policy.float_env import float_environment
 from llds.retrieval.client import RetrievalServiceError
 from llds.retrieval.faults import DegradingRetriever
 from llds.rollout import RolloutBatch, RolloutRequest
-from llds.runs.tracking import MetricsLogger, read_metrics
+from llds.runs.tracking import read_metrics
 from llds.train import build, fsdp
-from llds.train.checkpoint import load_training_state, set_rng_state
+from llds.train.checkpoint import set_rng_state
 from llds.train.config import TrainConfig
 from llds.train.distributed import Dist
 from llds.train.outage import generate_on_every_rank, retriever_gone_message
 from llds.train.phase_profile import summary_line, write_step_profile
-from llds.train.policy_update import PolicyUpdate
 from llds.train.progress import PhaseTimes, StepProgress
 from llds.train.prompts import PromptStream
 from llds.train.resume import FLOAT_ENV_KEY, apply_optimizer_changes, prepare_run_dir
 from llds.train.rollback import (
     CollapseAlarmStop,
     decide,
-    keep_abandoned_log,
     new_monitor,
     rollback_algo,
     rollback_target,
 )
-from llds.train.saving import (
-    RunState,
-    load_run_state,
-    restore_checkpoint,
-    save_run_checkpoint,
-)
+from llds.train.run_log import RunLog
+from llds.train.saving import RunState
 from llds.train.step_logprobs import old_logprobs, reference_logprobs
 
 __all__ = ["CollapseAlarmStop", "GRPOTrainer", "rollout_seed"]
@@ -64,7 +57,12 @@ log = logging.getLogger("llds.train")
 
 
 class GRPOTrainer:
-    """Trains `model` with GRPO + LLDS. Pass live objects to bypass loading (Python API, tests)."""
+    """Trains `model` with GRPO + LLDS. Pass live objects to bypass loading (Python API, tests).
+
+    `resume`: continue from the newest valid checkpoint in `cfg.run_dir` (an earlier run without
+    one is refused); False moves an earlier run aside and starts at step 0.
+    `allow_config_change`: dotted keys (or sections, or `all`) a resume may change; other
+    differences from the checkpoint's config are refused (see `llds.train.resume`)."""
 
     def __init__(
         self,
@@ -78,86 +76,61 @@ class GRPOTrainer:
         resume: bool = True,
         allow_config_change: str | Sequence[str] | None = None,
     ) -> None:
-        """`resume`: continue from the newest valid checkpoint in `cfg.run_dir` (an earlier run
-        without one is refused); False moves an earlier run aside and starts at step 0.
-        `allow_config_change`: dotted keys (or sections, or `all`) a resume may change; other
-        differences from the checkpoint's config are refused (see `llds.train.resume`)."""
-        self.cfg = cfg
-        self.run_dir = Path(cfg.run_dir)
-        self.ckpt_root = self.run_dir / "checkpoints"
+        """Build the run's parts, in order; a resume restores its checkpoint into them."""
+        dist = self.dist = Dist()
+        self.cfg, self.run_dir = cfg, Path(cfg.run_dir)
         torch.manual_seed(cfg.seed)
-        self.dist = Dist()
-        build.check_loss_terms(cfg)
-        build.check_whole_groups(cfg, self.dist)
-        self.resume = resume
+        build.check_run(cfg, dist)
         start = build.resume_point(
-            cfg, self.dist, self.ckpt_root, resume=resume, allow_config_change=allow_config_change
+            cfg, dist, resume=resume, allow_config_change=allow_config_change
         )
-        self.damaged = start.damaged
-        # the questions and the retriever before the model: a data problem or a dead retrieval
-        # service is found before weights load
-        train_examples = build.train_examples(cfg, train_examples)
+        # the questions and the retriever first: bad data or a dead service before weights load
+        examples = build.train_examples(cfg, train_examples)
         self.retriever = build.degrading(cfg, build.retriever(cfg, retriever))
-
-        policy = build.policy(cfg, self.dist, start.checkpoint, model, tokenizer)
-        self.model, self.tokenizer = policy.model, policy.tokenizer
-        self.precision, self.ref_model = policy.precision, policy.reference
-        self.scaler = self.precision.grad_scaler()
-        self.sharded = cfg.fsdp.enabled
-        self.rollout_model = build.rollout_model(cfg, self.dist, self.model, self.precision)
-        self.model.train()
-        self.sampler = build.sampler(cfg, self.rollout_model)
-
-        self.stream = PromptStream(train_examples, cfg.seed)
-        self.template = build.prompt_template(cfg)
-        self._prompt_cache: dict[str, list[int]] = {}
+        # the parts, in order (each one `llds.train.build` function)
+        policy = build.policy(cfg, dist, start.checkpoint, model, tokenizer)
+        self.model, self.tokenizer, self.precision, self.ref_model = policy
+        self.sampler = build.sampler(cfg, build.rollout_model(cfg, dist, policy))
+        self.stream, prompts = PromptStream(examples, cfg.seed), build.prompts(cfg, self.tokenizer)
+        self.prompt_ids = prompts
         self.engine = build.rollout_engine(cfg, self.sampler.model, self.tokenizer, self.retriever)
-        self._compile_seconds = 0.0  # the engine's compile time already logged
-        self.protocol = build.protocol(cfg, self.template)
-        self.evaluator = build.periodic_evaluator(
-            cfg,
-            self.dist,
-            eval_examples,
-            search=self.retriever,
-            tokenizer=self.tokenizer,
-            rollout=self.engine.config,
-            template=self.template,
-            run_dir=self.run_dir,
-        )
-        self.probe_set = build.probe_set(cfg, self.dist, train_examples)
-
-        self.optimizer = build.optimizer(cfg, self.model)
+        self.evaluator = build.periodic_evaluator(cfg, dist, eval_examples, self.engine, prompts)
+        self.updater = build.update(cfg, dist, policy)
         self.scheduler = build.scheduler(cfg, self.optimizer)
-        self.updater = PolicyUpdate(
-            cfg,
-            self.model,
-            self.optimizer,
-            self.scaler,
-            self.precision,
-            self.dist,
-            sharded=self.sharded,
+        self.checkpoints = build.checkpoints(cfg, dist, self._run_state(), prompts.template)
+        self.step = 0 if start.checkpoint is None else self._resume(start)
+        prepare_run_dir(self.run_dir, start.checkpoint, start.damaged, resume=resume, dist=dist)
+        self.diagnostics = build.diagnostics(
+            cfg, dist, policy, self.sampler, self.engine, prompts, examples
         )
-        self.step = 0 if start.checkpoint is None else self._restore(start)
-        prepare_run_dir(self.run_dir, start.checkpoint, self.damaged, resume=resume, dist=self.dist)
-        self.diagnostics = build.diagnostics(cfg, self.dist, self)
-        self.reference = self.diagnostics.load_reference(
-            self.run_dir,
-            self.step,
-            self.evaluator.examples if self.evaluator is not None else eval_examples,
-        )
-
-        self.logger: MetricsLogger | None = None
+        held_out = self.evaluator.examples if self.evaluator is not None else eval_examples
+        self.diagnostics.load_reference(self.run_dir, self.step, held_out)
+        self.run_log = RunLog(cfg, self.run_dir, dist)
         self.monitor = new_monitor(cfg, self.run_dir, self.step)
-        self.rollbacks = 0
+        self.rollbacks, self._compile_seconds = 0, 0.0  # the engine's compile time already logged
         self.algo = cfg.algo
         """the loss's settings in force: the config's, swapped once by a rollback (LLDS on)"""
 
-    def _restore(self, start: build.ResumePoint) -> int:
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self.updater.optimizer
+
+    @property
+    def rollout_model(self):
+        """The policy's forward that scores pi_old: the policy, or under FSDP its unsharded copy
+        (the sampler's `policy`)."""
+        return self.sampler.policy
+
+    @property
+    def reference(self):
+        """The fixed reference chains of `diagnostics.reference_every` (None when off)."""
+        return self.diagnostics.reference
+
+    def _resume(self, start: build.ResumePoint) -> int:
         """Continue from `start`'s checkpoint, whose weights `build.policy` has loaded: the
         optimizer, schedule, loss scale, random streams and guard counters; returns its step."""
         assert start.checkpoint is not None
-        state, blobs = load_training_state(start.checkpoint)
-        load_run_state(start.checkpoint, blobs, self._run_state(), sharded=self.sharded)
+        state, blobs = self.checkpoints.restore(start.checkpoint, weights=False)
         set_rng_state(blobs["rng"])
         apply_optimizer_changes(self.optimizer, self.scheduler, self.cfg, start.changed)
         self.updater.nonfinite_in_a_row = int(state.get("nonfinite_in_a_row", 0))
@@ -173,10 +146,7 @@ class GRPOTrainer:
         cfg = self.cfg
         target = cfg.steps if steps is None else self.step + steps
         show = (cfg.logging.progress if progress is None else progress) and self.dist.is_main
-        if self.logger is not None:
-            self.logger.close()
-        if self.dist.is_main:
-            self.logger = build.metrics_logger(cfg, self.run_dir, self.step)
+        self.run_log.open(self.step)
         rows: list[dict[str, Any]] = []
         try:
             with StepProgress(target, self.step, enabled=show) as progress:
@@ -195,12 +165,11 @@ class GRPOTrainer:
                     cfg.retriever.retry_seconds,
                     self.step + 1,
                     saved[-1] if saved else 0,
-                    self.ckpt_root,
+                    self.checkpoints.root,
                 )
             ) from None
         finally:
-            if self.logger is not None:
-                self.logger.close()
+            self.run_log.close()
         return rows
 
     def _profiled_step(self) -> dict[str, Any]:
@@ -228,7 +197,7 @@ class GRPOTrainer:
         examples = self.stream.take(k * cfg.prompts_per_step, cfg.prompts_per_step)
         return [
             RolloutRequest(
-                self._prompt_ids(examples[j]),
+                self.prompt_ids(examples[j]),
                 examples[j].id,
                 f"{examples[j].id}@{k}:{j}",
                 examples[j].answers,
@@ -323,8 +292,7 @@ class GRPOTrainer:
             with self.sampler.context(self.precision.autocast()):
                 metrics.update(self.evaluator(self.sampler.model, self.step))
         metrics.update(self.diagnostics.periodic(self.step))
-        if self.logger is not None:
-            self.logger.log(self.step, metrics)
+        self.run_log.write(self.step, metrics)
         if self.step % cfg.save_every == 0 or self.step == cfg.steps:
             self.save()
         row = {"step": self.step, **metrics}
@@ -344,53 +312,36 @@ class GRPOTrainer:
             self._rollback(action.rollback_before_step or self.step)
 
     def _rollback(self, before_step: int) -> None:
-        """Reload the newest sound checkpoint at or before `before_step` (the checks resume
-        makes: a damaged one is passed over, named) and go on with LLDS on."""
-        target = rollback_target(self.ckpt_root, before_step)
-        if self.logger is not None:  # keep the evidence: the abandoned branch of the log
-            self.logger.close()
-            keep_abandoned_log(self.run_dir, self.rollbacks)
-        state, blobs = load_training_state(target)
-        restore_checkpoint(target, blobs, self._run_state(), self.cfg.model, sharded=self.sharded)
+        """Back to the newest sound checkpoint at or before `before_step` (the checks resume
+        makes: a damaged one is passed over, named), restored through the run's checkpoints,
+        its log cut back there (the abandoned branch kept), and on with LLDS on."""
+        target = rollback_target(self.checkpoints.root, before_step)
+        self.run_log.set_aside(self.rollbacks)
+        state, _ = self.checkpoints.restore(target, weights=True)
         self._sync_copies()
         self.step = int(state["step"])
-        self.algo = rollback_algo(self.cfg)
-        self.rollbacks += 1
+        self.algo, self.rollbacks = rollback_algo(self.cfg), self.rollbacks + 1
         log.warning(
             "rolled back to %s; continuing with LLDS on (coef %.3g)",
             target.name,
             self.algo.llds.coef,
         )
-        if self.dist.is_main:
-            c = self.cfg
-            self.logger = MetricsLogger(
-                self.run_dir,
-                tensorboard=c.logging.tensorboard,
-                wandb=False,
-                resume_step=self.step,
-            )
+        self.run_log.open(self.step)
         self.monitor = new_monitor(self.cfg, self.run_dir, self.step)
 
     # ------------------------------------------------------------------ pieces
-    def _prompt_ids(self, ex: QAExample) -> list[int]:
-        ids = self._prompt_cache.get(ex.id)
-        if ids is None:
-            ids = build_prompt_ids(
-                self.tokenizer, ex.question, self.template, chat=self.cfg.model.chat
-            )
-            self._prompt_cache[ex.id] = ids
-        return ids
-
     def _sync_copies(self, *, sampler: bool = True) -> None:
         """After the policy's weights changed: refresh the unsharded copy (FSDP) and, unless it
         lags (`rollout.sync_every`), the sampling copy (`rollout.dtype`), in that order."""
-        if self.sharded:
+        if self.cfg.fsdp.enabled:
             fsdp.sync_unsharded_copy(self.model, self.rollout_model)
         if sampler:
             self.sampler.refresh()
 
     def _run_state(self) -> RunState:
-        return RunState(self.model, self.tokenizer, self.optimizer, self.scheduler, self.scaler)
+        return RunState(
+            self.model, self.tokenizer, self.optimizer, self.scheduler, self.updater.scaler
+        )
 
     def save(self) -> Path | None:
         """Write the step's checkpoint atomically (`llds.train.saving`); every rank waits until
@@ -402,16 +353,7 @@ class GRPOTrainer:
             "config": to_dict(self.cfg),
             FLOAT_ENV_KEY: float_environment(),
         }
-        return save_run_checkpoint(
-            self.ckpt_root,
-            self.step,
-            self._run_state(),
-            state,
-            keep=self.cfg.keep_checkpoints,
-            protocol=self.protocol,
-            dist=self.dist,
-            sharded=self.sharded,
-        )
+        return self.checkpoints.save(self.step, state)
 
 
 def rollout_seed(seed: int, step: int, row: int) -> int:
