@@ -45,9 +45,18 @@ def make_inputs(root: Path) -> dict[str, Path]:
     tok = world_tokenizer(world, 400)
     model = save_tiny(tiny_causal_lm_for(tok, hidden_size=64, num_layers=2), tok, root / "model")
     paths = {"model": model, **files}
-    for name, edit in (("model_cut", "cut"), ("model_type", "type"), ("model_nan", "nan")):
+    edits = (
+        ("model_cut", "cut"),
+        ("model_type", "type"),
+        ("model_nan", "nan"),
+        ("model_tok", "tok"),
+    )
+    for name, edit in edits:
         damaged = shutil.copytree(model, root / name)
-        if edit == "cut":
+        if edit == "tok":
+            for f in damaged.glob("tokenizer*"):
+                f.unlink()
+        elif edit == "cut":
             text = (damaged / "config.json").read_text(encoding="utf-8")
             (damaged / "config.json").write_text(text[: len(text) // 2], encoding="utf-8")
         elif edit == "type":
@@ -126,6 +135,7 @@ def cases(p: dict[str, Path], root: Path, dead: str, off: str) -> list[tuple[str
     train = ["train", "--config", str(p["cfg"]), f"run_dir={root / 'run'}"]
     data = [f"data={p['test']}", f"retriever={p['corpus']}"]
     evals = ["eval", f"model={p['model']}"]
+    out = f"out={root / 'probe'}"
     sft = ["sft", "--config", "sft-demo", f"world={p['corpus'].parent}"]
     return [
         ("version", ["--version"]),
@@ -136,12 +146,14 @@ def cases(p: dict[str, Path], root: Path, dead: str, off: str) -> list[tuple[str
         ("train-dead-retriever", [*train, f"retriever.source={dead}"]),
         ("train-off-schema-retriever", [*train, f"retriever.source={off}"]),
         ("train-config-json-cut", [*train, f"model.path={p['model_cut']}"]),
+        ("train-model-without-tokenizer", [*train, f"model.path={p['model_tok']}"]),
         ("train-unknown-model-type", [*train, f"model.path={p['model_type']}"]),
         ("train-nan-weights", [*train, f"model.path={p['model_nan']}"]),
         ("eval-data-not-utf8", [*evals, f"data={p['latin1']}", f"retriever={p['corpus']}"]),
         ("eval-dead-retriever", [*evals, f"data={p['test']}", f"retriever={dead}"]),
         ("eval-out-is-a-folder", [*evals, *data, f"out={root / 'results'}"]),
         ("eval-nan-weights", ["eval", f"model={p['model_nan']}", *data]),
+        ("probe-model-without-tokenizer", ["probe", f"model={p['model_tok']}", *data, out]),
         (
             "probe-missing-data",
             [
@@ -149,7 +161,7 @@ def cases(p: dict[str, Path], root: Path, dead: str, off: str) -> list[tuple[str
                 f"model={p['model']}",
                 f"data={root / 'absent.jsonl'}",
                 f"retriever={p['corpus']}",
-                f"out={root / 'probe'}",
+                out,
             ],
         ),
         ("sft-dead-retriever", [*sft, f"corpus={dead}", f"--out={root / 'sft'}"]),

@@ -24,9 +24,10 @@ CONFIG = "llds.probe.config:ProbeConfig"
 
 def run(cfg: Any, args: argparse.Namespace) -> int:
     from llds.models.hf import check_model_source
-    from llds.probe.one_step import probe_model
 
     check_model_source("model", cfg.model)
+    from llds.probe.one_step import probe_model  # torch: after the model directory's check
+
     protocol, source = cfg.protocol.resolve(cfg.model)
     summary, results = probe_model(cfg, protocol)
     # after the work, so that an input refused on the way is the only line printed

@@ -11,7 +11,7 @@ from llds.data.example import QAExample
 from llds.env.prompts import PromptTemplate, build_prompt_ids
 from llds.errors import ConfigError
 from llds.evaluation.config import EvalConfig
-from llds.rollout import RolloutConfig, RolloutEngine, RolloutRequest
+from llds.rollout import RolloutConfig
 from llds.runs.eval_result import EvalRecord, EvalResult, Scores
 
 if TYPE_CHECKING:
@@ -34,6 +34,8 @@ def evaluate(
     Every example is scored, including the last partial batch; the result holds the scores
     overall, per source and per hop count, and every record.
     """
+    from llds.rollout import RolloutEngine, RolloutRequest  # torch: not for the input checks
+
     cfg = dataclasses.replace(rollout or RolloutConfig(max_turns=4), temperature=0.0, group_size=1)
     engine = RolloutEngine(model, tokenizer, retriever, cfg)
     records: list[EvalRecord] = []

@@ -44,13 +44,13 @@ TOKENIZER_FILES = (
 
 def check_model_directory(path: Path, name: str) -> None:
     """Refuse, before anything loads, a model directory transformers would load wrong or late:
-    no config.json, no tokenizer (transformers would make an empty one), no weights, or a
-    safetensors file shorter than its header says (a copy cut short)."""
+    no config.json, no tokenizer (transformers would make an empty one), no weights, a
+    safetensors file shorter than its header says (a copy cut short), or a config.json it cannot
+    build a model from (checked last: knowing the architectures imports transformers, and torch)."""
     if not (path / "config.json").is_file():
         raise UserInputError(
             f"model directory {name!r} has no config.json (not a Hugging Face model directory)"
         )
-    config_problem(path / "config.json", name)
     if not any((path / f).is_file() for f in TOKENIZER_FILES):
         raise UserInputError(
             f"model directory {name!r} has no tokenizer ({', '.join(TOKENIZER_FILES[:3])}, ...): "
@@ -65,6 +65,7 @@ def check_model_directory(path: Path, name: str) -> None:
         problem = safetensors_problem(file)
         if problem:
             raise UserInputError(f"model directory {name!r}: {file.name} {problem}")
+    config_problem(path / "config.json", name)
 
 
 def config_problem(file: Path, name: str) -> None:

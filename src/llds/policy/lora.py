@@ -21,12 +21,13 @@ import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from llds.errors import ConfigError, UserInputError
 from llds.policy.config import LoRAConfig
+
+if TYPE_CHECKING:
+    import torch
 
 ADAPTER_DIR = "adapter"
 """a LoRA checkpoint's adapter directory (peft's format plus `BASE_FILE`)"""
@@ -107,6 +108,8 @@ def base_fingerprint(model, tokenizer=None) -> dict[str, Any]:
     """`{parameters, weights_sha256[, tokenizer_sha256]}` of `model`'s base: its parameter count
     and a SHA-256 over each base tensor's name, shape and `FINGERPRINT_SAMPLES` evenly spaced
     values (as float32), and of the tokenizer's vocabulary when given."""
+    import torch  # here, not at the top: an adapter is found and checked without torch
+
     digest, count = hashlib.sha256(), 0
     with torch.no_grad():
         for name, param in sorted(base_parameters(model), key=lambda item: item[0]):
@@ -208,6 +211,8 @@ def load_adapted(adapter_dir: str | Path, *, dtype: str = "float32", device: str
     """`(model, tokenizer)` for inference from an adapter directory: its recorded base loaded in
     float32, checked against the record, the adapter put on and merged in, then stored in
     `dtype` (`auto`: float32, the dtype the adapter was trained in)."""
+    import torch
+
     from llds.policy.config import ModelConfig
     from llds.policy.setup import load_model
 
@@ -260,6 +265,8 @@ class WithoutAdapters:
         self.model = model
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        import torch
+
         with torch.no_grad(), self.model.disable_adapter():
             return self.model(*args, **kwargs)
 
@@ -292,6 +299,8 @@ class _AdaptersOff:
         self.policy, self.part = policy, part
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        import torch
+
         with torch.no_grad(), self.policy.disable_adapter():
             return self.part(*args, **kwargs)
 
