@@ -11,7 +11,7 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llds.config.loader import to_dict
 from llds.errors import UserInputError
@@ -19,7 +19,9 @@ from llds.io import write_json
 from llds.sft.config import SFTConfig
 from llds.sft.data import ExpertDataStats, ExpertEpisode
 from llds.sft.inputs import SFTInputs, expert_episodes, read_inputs
-from llds.sft.trainer import SFTResult, sft_train
+
+if TYPE_CHECKING:
+    from llds.sft.trainer import SFTResult
 
 log = logging.getLogger("llds.sft")
 
@@ -43,6 +45,8 @@ def warm_start(cfg: SFTConfig) -> dict[str, Any]:
     _check_before_work(cfg)
     started = time.perf_counter()
     inputs = read_inputs(cfg)  # before the model: a dead retrieval service is one line, at once
+    from llds.sft.trainer import sft_train  # torch: after the inputs' checks
+
     model, tok = model_and_tokenizer(cfg, inputs)
     episodes, stats = expert_episodes(cfg, inputs, tok)
     n_params = sum(p.numel() for p in model.parameters())
