@@ -221,13 +221,14 @@ def _right_padded(kv: KV, lengths: Tensor) -> KV:
 def tail_micro_batches(
     batch: RolloutBatch, token_budget: int, rows: list[int] | None = None
 ) -> list[list[int]]:
-    """`rows` (default all) cut into tail micro-batches: `plan_micro_batches` over the
-    responses alone (the prompt is context, read from the prompt pass), under `token_budget`
-    rows x padded response width."""
+    """`rows` (default all) cut into tail micro-batches over the responses alone (the prompt
+    is context, read from the prompt pass), under `token_budget` rows x padded response width,
+    cut where padding costs more than a call (`pack_least_padding`)."""
     from llds.policy import forward  # read at call time: forward imports this module
 
     every = list(range(len(batch))) if rows is None else rows
-    return forward.plan_micro_batches(batch.responses(), every, token_budget)
+    lengths = batch.responses().attention_mask.sum(-1).tolist()
+    return forward.pack_least_padding(lengths, every, token_budget)
 
 
 def tail_states(

@@ -31,7 +31,7 @@ from llds.policy.forward import (
     response_log_probs,
 )
 from llds.policy.precision import Precision, update_ratio
-from llds.policy.prompt_once import MiniBatchPrompts
+from llds.policy.prompt_once import MiniBatchPrompts, tail_micro_batches
 from llds.rollout import RolloutBatch
 from llds.train import fsdp
 from llds.train.config import AlgoConfig, TrainConfig
@@ -187,8 +187,11 @@ class PolicyUpdate:
                 self.optimizer.zero_grad(set_to_none=True)
                 prompts = self._shared_prompts(batch, rows)
                 # with shared prompts, micro-batches of responses alone
-                planned = batch if prompts is None else batch.responses()
-                plan = plan_micro_batches(planned, rows, optim.micro_batch_tokens)
+                plan = (
+                    plan_micro_batches(batch, rows, optim.micro_batch_tokens)
+                    if prompts is None
+                    else tail_micro_batches(batch, optim.micro_batch_tokens, rows)
+                )
                 self._match_busiest_rank(batch, plan)
                 for micro in plan:
                     loss, st = self._loss(inputs, micro, counts, llds_acts, prompts)
