@@ -66,7 +66,8 @@ def test_llds_that_must_not_act_adds_nothing():
     logp = (old - 0.2).requires_grad_()  # every token lost likelihood: every gate would open
     with_llds = AlgoConfig(llds=LLDSConfig(coef=5.0))
     without = AlgoConfig(llds=LLDSConfig(enabled=False))
-    quiet, stats = grpo_objective(TermInputs(logp, old, adv, mask, llds_acts=False), with_llds)
+    # the rollout batch's first update: LLDS does not act there (`first_update: zero`)
+    quiet, stats = grpo_objective(TermInputs(logp, old, adv, mask, first_update=True), with_llds)
     plain, _ = grpo_objective(TermInputs(logp, old, adv, mask), without)
     assert float(quiet.detach()) == float(plain.detach())
     (gq,) = torch.autograd.grad(quiet, logp)

@@ -3,6 +3,7 @@ and a SIGKILL + resume that reproduces the uninterrupted run."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -263,6 +264,7 @@ def test_auto_recomputes_old_log_probs_for_noisy_llds_or_low_precision(
 ):
     """`auto` takes pi_old from the rollout unless its rounding could matter: LLDS evaluated on
     the first optimizer step (the authors' behaviour) or a low-precision compute dtype."""
+    from llds.algo.llds_in_force import LLDSInForce
     from llds.train.step_logprobs import old_logprobs_from_rollout
 
     tr = _trainer(tmp_path, small_world, world_tokenizer, world_retriever)
@@ -270,9 +272,10 @@ def test_auto_recomputes_old_log_probs_for_noisy_llds_or_low_precision(
 
     def from_rollout(batch, mixed=False, coef=None, copy=False):
         llds = tr.cfg.algo.llds
-        coef = (llds.coef if llds.enabled else 0.0) if coef is None else coef
+        if coef is not None:
+            llds = dataclasses.replace(llds, enabled=True, coef=coef)
         return old_logprobs_from_rollout(
-            tr.cfg.algo, batch, sampled_by_copy=copy, llds_coef=coef, mixed_precision=mixed
+            tr.cfg.algo, batch, sampled_by_copy=copy, llds=LLDSInForce(llds), mixed_precision=mixed
         )
 
     assert tr.cfg.algo.llds.enabled and tr.cfg.algo.llds.first_update == "zero"
@@ -388,7 +391,7 @@ def test_on_alarm_rollback_restores_and_turns_llds_on(
     assert any(not torch.equal(v, at_step1[k]) for k, v in tr.model.state_dict().items())
     tr._on_alarms([_decay_alarm(3, 1)])
     assert tr.step == 1 and tr.rollbacks == 1
-    assert tr.algo.llds.enabled and tr.algo.llds.active_coef == 0.3  # LLDS on, at its coef
+    assert tr.llds_settings.enabled and tr.llds_settings.active_coef == 0.3  # LLDS on, at 0.3
     assert not tr.cfg.algo.llds.enabled  # and the config is left as the user wrote it
     assert all(torch.equal(v, at_step1[k]) for k, v in tr.model.state_dict().items())
     assert [r["step"] for r in read_metrics(tmp_path)] == [1]

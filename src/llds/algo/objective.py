@@ -22,6 +22,7 @@ from torch import Tensor
 from llds.algo.config import AlgoConfig, LLDSConfig
 from llds.algo.kl import kl_penalty
 from llds.algo.llds import llds_loss
+from llds.algo.llds_in_force import LLDSInForce
 from llds.algo.masking import aggregate
 from llds.algo.policy_loss import policy_loss
 from llds.errors import ConfigError
@@ -45,9 +46,12 @@ class TermInputs:
     ref_log_probs: Tensor | None = None
     entropy: Tensor | None = None
     answer_mask: Tensor | None = None
-    answer_weight: float = 1.0
-    llds_acts: bool = True
-    """False on a rollout batch's first optimizer step: LLDS then reports statistics only"""
+    """`[B, T]` the final `<answer>` span, which LLDS-MA weights (`LLDSInForce.masks_answer`)"""
+    llds: LLDSInForce | None = None
+    """the LLDS the step applies (its settings, LLDS-MA's beta); None: `algo.llds` as it is"""
+    first_update: bool = False
+    """a micro-batch of the rollout batch's first optimizer step, where pi_theta == pi_old:
+    LLDS then acts only as `LLDSInForce.acts` says (by default it reports statistics only)"""
     num_sequences: float | Tensor | None = None
     num_tokens: float | Tensor | None = None
     num_preserving: float | Tensor | None = None
@@ -102,8 +106,9 @@ def grpo_objective(x: TermInputs, algo: AlgoConfig) -> tuple[Tensor, dict[str, T
     and named like the trainer's metrics (`policy/*`, `llds/*`).
 
     The KL term is added when `x.ref_log_probs` is given, the entropy bonus when `x.entropy` is
-    given and `entropy_coef > 0`, LLDS when `algo.llds` is enabled with `coef > 0`. With
-    `x.llds_acts=False` LLDS is evaluated on detached log-probs for its statistics and adds
+    given and `entropy_coef > 0`, LLDS as `x.llds` applies it (else as `algo.llds` says: when
+    enabled with `coef > 0`). Where LLDS does not act (`x.first_update` under the default
+    `first_update: zero`) it is evaluated on detached log-probs for its statistics and adds
     nothing (value and gradient 0): the first optimizer step of a rollout batch, where d is only
     rounding noise. `x.is_weights` weight the policy term's tokens (the decoupled importance
     correction).
@@ -174,24 +179,27 @@ def entropy_term(x: TermInputs, algo: AlgoConfig) -> Term:
 
 @register_loss_term("llds")
 def llds_objective_term(x: TermInputs, algo: AlgoConfig) -> Term:
-    """The LLDS term (`llds/*`); statistics only while `llds_acts` is false."""
-    if algo.llds.active_coef <= 0:
+    """The LLDS term (`llds/*`) as `x.llds` applies it (None: `algo.llds`); statistics only
+    where it does not act."""
+    llds = x.llds if x.llds is not None else LLDSInForce(algo.llds)
+    if not llds.on:
         return None, {}
+    acts = llds.acts(x.first_update)
     reg, lst = llds_term(
         x.log_probs,
         x.old_log_probs,
         x.advantages,
         x.loss_mask,
-        algo.llds,
+        llds.settings,
         answer_mask=x.answer_mask,
-        answer_weight=x.answer_weight,
-        acts=x.llds_acts,
+        answer_weight=llds.answer_weight,
+        acts=acts,
         num_sequences=x.num_preserving,
         num_tokens=x.num_tokens,
     )
     stats = {"llds/loss": lst["llds/loss"]}
     stats.update({f"llds/{k}": lst[f"llds/{k}"] for k in LLDS_STATS})
-    return (reg if x.llds_acts else None), stats
+    return (reg if acts else None), stats
 
 
 def llds_term(

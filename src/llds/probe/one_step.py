@@ -29,6 +29,7 @@ import torch
 
 from llds.algo import group_advantages
 from llds.algo.config import AlgoConfig, LLDSConfig
+from llds.algo.llds_in_force import llds_in_force
 from llds.algo.objective import TermInputs, grpo_objective
 from llds.data.example import QAExample
 from llds.env.prompts import PromptTemplate, build_prompt_ids
@@ -112,10 +113,11 @@ def first_order_displacement(
     lp, _ = response_log_probs(model, batch, temperature=temperature)
     mask = batch.loss_mask.to(lp.device)
     adv = group_advantages(batch.rewards, batch.group_ids).to(lp.device)
-    loss, _ = grpo_objective(TermInputs(lp, lp.detach(), adv, mask), objective)
+    # a first update (pi_theta == pi_old): LLDS, where it is asked to act there, sees d = 0
+    loss, _ = grpo_objective(TermInputs(lp, lp.detach(), adv, mask, first_update=True), objective)
     descent = [-g for g in torch.autograd.grad(loss, params, retain_graph=True)]
     # the same normalization (mask unchanged), advantages > 0 zeroed: the negatives' part
-    negatives = TermInputs(lp, lp.detach(), adv.clamp(max=0.0), mask)
+    negatives = TermInputs(lp, lp.detach(), adv.clamp(max=0.0), mask, first_update=True)
     loss_neg, _ = grpo_objective(negatives, objective)
     descent_neg = [-g for g in torch.autograd.grad(loss_neg, params)]
     del lp, loss, loss_neg
@@ -150,9 +152,16 @@ def probe_group(
     token_budget: int = 16384,
     updates: int = 1,
     llds_coef: float = 0.0,
+    objective: AlgoConfig | None = None,
+    llds: LLDSConfig | None = None,
 ) -> GroupProbe:
     """`updates` GRPO updates on `batch` (one question's group) and the first-order prediction
     of the first one.
+
+    `objective`: the loss's settings and terms (a training run's own, extra terms included;
+    None: GRPO's clipped surrogate at `clip` and `aggregation`, with LLDS at `llds_coef`), and
+    `llds` the LLDS settings in force (None: `objective.llds`); LLDS-MA's answer weight then
+    comes from the group's own searches.
 
     One update is the paper's Eq. 3. With more, every update after the first uses the same
     rollouts with pi_old fixed at the sampling weights (as a rollout batch's optimizer steps do
@@ -164,17 +173,29 @@ def probe_group(
     if updates < 1:
         raise ValueError(f"updates must be >= 1, got {updates}")
     saved = copy.deepcopy(model.state_dict())
-    objective = probe_objective(clip, aggregation, llds_coef)
+    if objective is None:
+        objective = probe_objective(clip, aggregation, llds_coef)
+    searches = sum(e.num_valid_searches for e in batch.episodes) / max(1, len(batch))
+    in_force = llds_in_force(objective.llds if llds is None else llds, lambda: searches)
     try:
         params = [p for p in model.parameters() if p.requires_grad]
         opt = make_optimizer(params, optimizer, lr, adam)
         first_order, drag = first_order_displacement(
-            model, batch, probe_objective(clip, aggregation, 0.0), temperature=temperature
+            model, batch, objective, temperature=temperature
         )
         model.zero_grad(set_to_none=True)
         model.eval()
         old, _ = batched_log_probs(model, batch, token_budget, temperature=temperature)
-        apply_updates(model, batch, old, opt, objective, updates=updates, temperature=temperature)
+        apply_updates(
+            model,
+            batch,
+            old,
+            opt,
+            objective,
+            updates=updates,
+            temperature=temperature,
+            llds=in_force,
+        )
         new, _ = batched_log_probs(model, batch, token_budget, temperature=temperature)
         return GroupProbe(old, new, first_order, drag)
     finally:
@@ -199,6 +220,8 @@ def run_probe(
     progress: bool = True,
     updates: int = 1,
     llds_coef: float = 0.0,
+    objective: AlgoConfig | None = None,
+    llds: LLDSConfig | None = None,
     start: int = 0,
     on_question: Callable[[int, ProbeResult | None], None] | None = None,
     max_probed: int | None = None,
@@ -213,7 +236,7 @@ def run_probe(
     whose id is not in it are passed over without sampling (their index still counts, so the
     others get the rollouts they get in a probe of all). Each group is scored and updated at the
     temperature it was sampled at (`rollout.temperature`; greedy scores at 1); `optimizer`, `lr`
-    and `adam` are the update's (see `probe_group`)."""
+    and `adam` are the update's, `objective` and `llds` its loss (see `probe_group`)."""
     cfg = rollout or RolloutConfig()
     engine = RolloutEngine(model, tokenizer, retriever, cfg)
     results: list[ProbeResult] = []
@@ -250,6 +273,8 @@ def run_probe(
                 temperature=cfg.temperature,
                 updates=updates,
                 llds_coef=llds_coef,
+                objective=objective,
+                llds=llds,
             )
             mask = batch.loss_mask
             delta = torch.where(mask, new - old, torch.zeros_like(new)).sum(-1)

@@ -19,6 +19,7 @@ import torch
 
 from llds.algo import group_advantages
 from llds.algo.config import AlgoConfig
+from llds.algo.llds_in_force import LLDSInForce
 from llds.algo.objective import TermInputs, grpo_objective
 from llds.policy.forward import response_log_probs
 
@@ -68,10 +69,12 @@ def apply_updates(
     *,
     updates: int = 1,
     temperature: float = 1.0,
+    llds: LLDSInForce | None = None,
 ) -> None:
     """`updates` GRPO steps of `opt` on `batch` in place, against the sampling log-probs `old`
-    (scored at the sampling `temperature`, as the trainer scores). LLDS, when `objective` has it,
-    acts from the second step on: on the first, pi_theta = pi_old and its penalty is 0."""
+    (scored at the sampling `temperature`, as the trainer scores), with `objective`'s terms and
+    the LLDS `llds` applies (None: `objective.llds`'s). LLDS acts as in training: from the
+    second step on unless `first_update: computed` (on the first, pi_theta = pi_old)."""
     adv = group_advantages(batch.rewards, batch.group_ids)
     model.train()
     for update in range(updates):
@@ -82,7 +85,9 @@ def apply_updates(
             old_log_probs=old.to(lp.device),
             advantages=adv.to(lp.device),
             loss_mask=batch.loss_mask.to(lp.device),
-            llds_acts=update > 0,
+            answer_mask=batch.answer_mask.to(lp.device) if llds and llds.masks_answer else None,
+            llds=llds,
+            first_update=update == 0,
         )
         loss, _ = grpo_objective(x, objective)
         loss.backward()

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from llds import metrics as keys
+from llds.algo.config import LLDSConfig
 from llds.data.example import QAExample
 from llds.evaluation.periodic import eval_rollout_config
 from llds.monitor.likelihood import (
@@ -225,12 +226,12 @@ class Diagnostics:
         )
 
     # ------------------------------------------------------------------ every N steps
-    def periodic(self, step: int) -> dict[str, float]:
-        """The measurements due after step `step`: the probe (`probe_every`) and the reference
-        chains (`reference_every`)."""
+    def periodic(self, step: int, llds: LLDSConfig) -> dict[str, float]:
+        """The measurements due after step `step`: the probe (`probe_every`, with the LLDS
+        settings in force, `llds`) and the reference chains (`reference_every`)."""
         d, out = self.cfg.diagnostics, {}
         if self.probe_set and step % d.probe_every == 0:
-            out.update(self.probe())
+            out.update(self.probe(llds))
         if self.reference is not None and step % d.reference_every == 0:
             with self.scoring_mode():
                 out.update(
@@ -240,9 +241,10 @@ class Diagnostics:
                 )
         return out
 
-    def probe(self) -> dict[str, float]:
-        """The one-step probe on a float32 copy of the policy: the trained weights, optimizer
-        and random streams are left exactly as they were."""
+    def probe(self, llds: LLDSConfig) -> dict[str, float]:
+        """The one-step probe on a float32 copy of the policy, with the run's objective (its
+        extra terms included) and the LLDS settings in force (`llds`): the trained weights,
+        optimizer and random streams are left exactly as they were."""
         cfg = self.cfg
         model = copy.deepcopy(self.rollout_model).float().requires_grad_(True)
         adamw = cfg.diagnostics.probe_optimizer == "adamw"  # the run's own optimizer and lr
@@ -261,6 +263,8 @@ class Diagnostics:
                 template=self.template,
                 chat=cfg.model.chat,
                 progress=False,
+                objective=cfg.algo,
+                llds=llds,
             )
         del model
         return probe_metrics(results)

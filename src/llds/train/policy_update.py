@@ -19,6 +19,7 @@ import torch
 
 from llds import metrics as keys
 from llds.algo.llds import preserving_mask
+from llds.algo.llds_in_force import LLDSInForce
 from llds.algo.objective import TermInputs, grpo_objective, llds_term
 from llds.algo.rollout_correction import importance_weights
 from llds.errors import ConfigError
@@ -36,7 +37,7 @@ from llds.rollout import RolloutBatch
 from llds.train import fsdp
 from llds.train.config import AlgoConfig, TrainConfig
 from llds.train.distributed import Dist
-from llds.train.global_batch import Counts, global_counts, global_mean_searches, mini_batches
+from llds.train.global_batch import Counts, global_counts, mini_batches
 from llds.train.update_stats import UpdateStats
 
 log = logging.getLogger("llds.train")
@@ -51,16 +52,16 @@ class NonFiniteError(RuntimeError):
 @dataclass(frozen=True)
 class UpdateInputs:
     """What every micro-batch of a step reads: the rollout batch, its advantages, pi_old's and
-    the reference's log-probs, the loss's settings, LLDS-MA's answer weight, the loss mask (the
-    batch's, less the rollouts `algo.filter_void_turns` leaves out) and the importance weights
-    of `algo.rollout_correction` (None: unweighted)."""
+    the reference's log-probs, the loss's settings, the LLDS the step applies, the loss mask
+    (the batch's, less the rollouts `algo.filter_void_turns` leaves out) and the importance
+    weights of `algo.rollout_correction` (None: unweighted)."""
 
     batch: RolloutBatch
     adv: torch.Tensor
     old_logp: torch.Tensor
     ref_logp: torch.Tensor | None
     objective: AlgoConfig
-    answer_weight: float
+    llds: LLDSInForce
     loss_mask: torch.Tensor
     is_weights: torch.Tensor | None = None
 
@@ -148,19 +149,17 @@ class PolicyUpdate:
         ref_logp: torch.Tensor | None,
         k: int,
         global_rows: list[int],
-        algo: AlgoConfig,
+        llds: LLDSInForce,
     ) -> dict[str, float]:
         """Step `k`'s `mini_batches x epochs` optimizer steps on `batch`; returns their stats.
 
         `global_rows`: each local row's index in the step's global batch, so that mini-batches
-        are drawn from the global batch as a single process would draw them. `algo`: the loss's
-        settings in force (the config's, or after a rollback the same with LLDS on)."""
+        are drawn from the global batch as a single process would draw them. `llds`: the LLDS
+        the step applies (the config's, or after a rollback LLDS on)."""
         cfg, optim = self.cfg, self.cfg.optim
-        llds_coef = algo.llds.active_coef
-        beta = self._answer_weight(batch, algo)
         loss_mask, filtered = step_loss_mask(batch, cfg.algo.filter_void_turns)
         is_weights, correction = step_is_weights(cfg, batch, old_logp, loss_mask)
-        inputs = UpdateInputs(batch, adv, old_logp, ref_logp, algo, beta, loss_mask, is_weights)
+        inputs = UpdateInputs(batch, adv, old_logp, ref_logp, cfg.algo, llds, loss_mask, is_weights)
         params = [p for p in self.model.parameters() if p.requires_grad]
         start = self._snapshot(params)
         n_global = cfg.prompts_per_step * cfg.rollout.group_size
@@ -182,7 +181,7 @@ class PolicyUpdate:
                     for row in rows:
                         self.minibatch_of_row[row] = part
                 first = stats.start_mini_batch()
-                llds_acts = self._llds_acts(llds_coef, first)
+                llds_acts = llds.acts(first)
                 counts = global_counts(self.dist, loss_mask[rows], adv[rows])
                 self.optimizer.zero_grad(set_to_none=True)
                 prompts = self._shared_prompts(batch, rows)
@@ -194,22 +193,22 @@ class PolicyUpdate:
                 )
                 self._match_busiest_rank(batch, plan)
                 for micro in plan:
-                    loss, st = self._loss(inputs, micro, counts, llds_acts, prompts)
+                    loss, st = self._loss(inputs, micro, counts, first, prompts)
                     stats.add(
                         st, _token_share(loss_mask, micro, rows), first=first, llds_acts=llds_acts
                     )
                     self._backward(loss)
                 if prompts is not None:
                     prompts.backward()  # the prompts' own pass, once per mini-batch
-                if llds_acts and cfg.algo.llds.scope == "batch":
+                if llds_acts and llds.reaches_rest_of_batch:
                     stats.add_rest(*self._rest_of_batch_llds(inputs, rows, rest_gen))
                 stats.add_update(self._clipped_step(params, k))
         out = stats.summary(optim.mini_batches * optim.epochs, self.dist.world)
         out[keys.SKIPPED_TOTAL] = self.skipped_updates
         if start is not None:
             out[keys.UPDATE_RATIO] = self._update_ratio(start, params)
-        if llds_coef > 0:
-            out["llds/answer_weight"] = inputs.answer_weight
+        if llds.on:
+            out["llds/answer_weight"] = llds.answer_weight
         out.update(correction)
         if filtered is not None:
             out[FILTERED_SHARE] = filtered
@@ -236,9 +235,9 @@ class PolicyUpdate:
         rest of the rollout batch (not in this mini-batch), normalized over that sample, its
         gradient added to the mini-batch's. Returns this process's share of the term's value
         and the number of responses it drew."""
-        lc = self.cfg.algo.llds
+        llds = inputs.llds
         preserving = preserving_mask(inputs.adv, inputs.loss_mask).any(-1).tolist()
-        rows = rest_of_batch_rows(preserving, own_rows, lc.batch_rows, gen)
+        rows = rest_of_batch_rows(preserving, own_rows, llds.settings.batch_rows, gen)
         sequences = self.dist.sum(torch.tensor(len(rows))).float().clamp(min=1)
         tokens = self.dist.sum(inputs.loss_mask[rows].sum()).float().clamp(min=1)
         total = 0.0
@@ -257,9 +256,9 @@ class PolicyUpdate:
                 inputs.old_logp[micro, :w].to(lp.device),
                 inputs.adv[micro].to(lp.device),
                 inputs.loss_mask[micro, :w].to(lp.device),
-                inputs.objective.llds,
-                answer_mask=sub.answer_mask.to(lp.device) if lc.mask_answer else None,
-                answer_weight=inputs.answer_weight,
+                llds.settings,
+                answer_mask=sub.answer_mask.to(lp.device) if llds.masks_answer else None,
+                answer_weight=llds.answer_weight,
                 num_sequences=sequences,
                 num_tokens=tokens,
             )
@@ -272,12 +271,12 @@ class PolicyUpdate:
         inputs: UpdateInputs,
         micro: list[int],
         counts: Counts,
-        llds_acts: bool,
+        first: bool,
         prompts: MiniBatchPrompts | None = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """One micro-batch's forward pass and its share of the mini-batch's objective (after
-        the mini-batch's shared `prompts` when given)."""
-        cfg, lc = self.cfg, self.cfg.algo.llds
+        the mini-batch's shared `prompts` when given); `first`: of the batch's first update."""
+        cfg = self.cfg
         sub = inputs.batch.select(micro)
         w = sub.response_len
         dev = next(self.model.parameters()).device
@@ -291,7 +290,7 @@ class PolicyUpdate:
         loss_mask = on_device(inputs.loss_mask[micro, :w])
         ref_logp = on_device(None if ref is None else ref[micro, :w])
         is_weights = on_device(None if weights is None else weights[micro, :w])
-        answer_mask = on_device(sub.answer_mask) if lc.mask_answer else None
+        answer_mask = on_device(sub.answer_mask) if inputs.llds.masks_answer else None
         how = {"temperature": cfg.rollout.temperature, "with_entropy": cfg.algo.entropy_coef > 0}
         with self.precision.autocast():
             if prompts is None:
@@ -308,20 +307,14 @@ class PolicyUpdate:
             ref_log_probs=ref_logp,
             entropy=ent,
             answer_mask=answer_mask,
-            answer_weight=inputs.answer_weight,
-            llds_acts=llds_acts,
+            llds=inputs.llds,
+            first_update=first,
             num_sequences=counts.sequences,
             num_tokens=counts.tokens,
             num_preserving=counts.preserving,
             is_weights=is_weights,
         )
         return grpo_objective(x, inputs.objective)
-
-    def _llds_acts(self, llds_coef: float, first: bool) -> bool:
-        """Whether LLDS acts on this mini-batch. Before the batch's first successful optimizer
-        step pi_theta == pi_old: d is rounding noise only, and LLDS is exactly 0 unless the
-        authors' behaviour (`algo.llds.first_update=computed`) is asked for."""
-        return llds_coef > 0 and (not first or self.cfg.algo.llds.first_update == "computed")
 
     def _match_busiest_rank(self, batch: RolloutBatch, plan: list[list[int]]) -> None:
         """Under FSDP every rank must make as many forward/backward calls (collectives) as the
@@ -381,15 +374,6 @@ class PolicyUpdate:
             self.scaler.step(self.optimizer)
             self.scaler.update()
         return float(norm)
-
-    def _answer_weight(self, batch: RolloutBatch, algo: AlgoConfig) -> float:
-        """LLDS-MA's answer weight (`LLDSConfig.answer_weight_for`): 1 unless LLDS is on with
-        `mask_answer`; the valid searches counted over the global batch."""
-        lc = algo.llds
-        if not (lc.active_coef > 0 and lc.mask_answer):
-            return 1.0
-        searches = None if lc.answer_weight is not None else global_mean_searches(batch, self.dist)
-        return lc.answer_weight_for(searches)
 
     def _zero_weight_backward(self, batch: RolloutBatch, rows: list[int]) -> None:
         """A forward/backward that adds nothing to the gradient: under FSDP every rank must take

@@ -13,10 +13,11 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
+from llds.algo.config import LLDSConfig
 from llds.monitor.alarms import Action, Alarm, AlarmMonitor, should_act
 from llds.runs.tracking import read_metrics
 from llds.train.checkpoint import find_resumable
-from llds.train.config import AlgoConfig, TrainConfig
+from llds.train.config import TrainConfig
 
 log = logging.getLogger("llds.train")
 
@@ -66,9 +67,9 @@ def rollback_target(ckpt_root: Path, before_step: int) -> Path:
     return target
 
 
-def rollback_algo(cfg: TrainConfig) -> AlgoConfig:
-    """The loss's settings after a rollback: the config's with LLDS on, at a coefficient of at
-    least `diagnostics.rollback_llds_coef` (the config itself is left as the user wrote it)."""
+def rollback_llds(cfg: TrainConfig) -> LLDSConfig:
+    """The LLDS settings in force after a rollback: the config's with LLDS on, at a coefficient
+    of at least `diagnostics.rollback_llds_coef` (the config itself is left as the user wrote
+    it; the step's `LLDSInForce` is built from these)."""
     coef = max(cfg.algo.llds.coef, cfg.diagnostics.rollback_llds_coef)
-    llds = dataclasses.replace(cfg.algo.llds, enabled=coef > 0, coef=coef)
-    return dataclasses.replace(cfg.algo, llds=llds)
+    return dataclasses.replace(cfg.algo.llds, enabled=coef > 0, coef=coef)

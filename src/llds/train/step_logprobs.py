@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from llds.algo.llds_in_force import LLDSInForce
 from llds.policy.forward import batched_log_probs
 from llds.policy.precision import Precision
 from llds.rollout import RolloutBatch
@@ -16,7 +17,7 @@ def old_logprobs_from_rollout(
     batch: RolloutBatch,
     *,
     sampled_by_copy: bool,
-    llds_coef: float,
+    llds: LLDSInForce,
     mixed_precision: bool,
 ) -> bool:
     """Take pi_old from the rollout (saving a forward pass over the whole batch) when the
@@ -33,9 +34,8 @@ def old_logprobs_from_rollout(
         return False
     # auto: float32 sampling logits equal the training forward's to rounding; LLDS's first
     # step is exactly 0 whatever pi_old's rounding. The authors' first-step LLDS acts on that
-    # rounding, so it gets their recomputed pi_old (read per step: rollback turns LLDS on).
-    noisy_llds = llds_coef > 0 and algo.llds.first_update == "computed"
-    return not noisy_llds and not mixed_precision
+    # rounding, so it gets their recomputed pi_old (`llds`: the step's, a rollback turns it on).
+    return not llds.acts_on_first_update and not mixed_precision
 
 
 def old_logprobs(
@@ -45,7 +45,7 @@ def old_logprobs(
     precision: Precision,
     *,
     sampled_by_copy: bool,
-    llds_coef: float,
+    llds: LLDSInForce,
 ) -> tuple[bool, torch.Tensor, torch.Tensor]:
     """`(taken from the rollout, pi_old's log-probs, their entropies)`: the rollout's own when
     `old_logprobs_from_rollout` allows it, else one no-grad forward of `model`."""
@@ -53,7 +53,7 @@ def old_logprobs(
         cfg.algo,
         batch,
         sampled_by_copy=sampled_by_copy,
-        llds_coef=llds_coef,
+        llds=llds,
         mixed_precision=precision.mixed,
     ):
         assert batch.rollout_logprobs is not None and batch.rollout_entropy is not None

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from llds.algo import group_advantages
+from llds.algo.llds_in_force import LLDSInForce, llds_in_force
 from llds.config.loader import to_dict
 from llds.data.example import QAExample
 from llds.errors import ServiceUnavailableError
@@ -35,6 +36,7 @@ from llds.train import build, fsdp
 from llds.train.checkpoint import set_rng_state
 from llds.train.config import TrainConfig
 from llds.train.distributed import Dist
+from llds.train.global_batch import global_mean_searches
 from llds.train.outage import generate_on_every_rank, retriever_gone_message
 from llds.train.phase_profile import summary_line, write_step_profile
 from llds.train.progress import PhaseTimes, StepProgress
@@ -44,7 +46,7 @@ from llds.train.rollback import (
     CollapseAlarmStop,
     decide,
     new_monitor,
-    rollback_algo,
+    rollback_llds,
     rollback_target,
 )
 from llds.train.run_log import RunLog
@@ -108,8 +110,9 @@ class GRPOTrainer:
         self.run_log = RunLog(cfg, self.run_dir, dist)
         self.monitor = new_monitor(cfg, self.run_dir, self.step)
         self.rollbacks, self._compile_seconds = 0, 0.0  # the engine's compile time already logged
-        self.algo = cfg.algo
-        """the loss's settings in force: the config's, swapped once by a rollback (LLDS on)"""
+        self.llds_settings = cfg.algo.llds
+        """the LLDS settings in force: the config's, swapped once by a rollback (LLDS on); each
+        step's `LLDSInForce` is built from them"""
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
@@ -218,6 +221,7 @@ class GRPOTrainer:
             context = self.sampler.context(self.precision.autocast())
             batch = generate_on_every_rank(self.engine, self.step_requests(k), self.dist, context)
         adv = group_advantages(batch.rewards, batch.group_ids, normalize_std=cfg.algo.normalize_std)
+        llds = llds_in_force(self.llds_settings, lambda: global_mean_searches(batch, self.dist))
         with times("old_logprob"):
             from_rollout, old_logp, entropy = old_logprobs(
                 cfg,
@@ -225,12 +229,12 @@ class GRPOTrainer:
                 self.rollout_model,
                 self.precision,
                 sampled_by_copy=self.sampler.is_copy,
-                llds_coef=self.algo.llds.active_coef,
+                llds=llds,
             )
         with times("ref_logprob"):
             ref_logp = reference_logprobs(cfg, batch, self.ref_model, self.precision)
         with times("update"):
-            update_stats = self._update(batch, adv, old_logp, ref_logp, k)
+            update_stats = self._update(batch, adv, old_logp, ref_logp, k, llds)
         self.scheduler.step()
         with times("diagnostics"):
             # rollouts from another policy (the sampling copy) and pi_old recomputed: their mismatch
@@ -253,8 +257,11 @@ class GRPOTrainer:
         self.step += 1
         return self._after_step(metrics)
 
-    def _update(self, batch: RolloutBatch, adv, old_logp, ref_logp, k: int) -> dict[str, float]:
-        """The step's optimizer updates, then the copies refreshed from the new weights."""
+    def _update(
+        self, batch: RolloutBatch, adv, old_logp, ref_logp, k: int, llds: LLDSInForce
+    ) -> dict[str, float]:
+        """The step's optimizer updates (with the LLDS `llds` applies), then the copies
+        refreshed from the new weights."""
         self.model.train()
         # each local row's index in the step's global batch (question j, rollout i), so that
         # mini-batches are drawn from the global batch as a single process would draw them
@@ -262,7 +269,7 @@ class GRPOTrainer:
         global_rows = [
             j * g + i for j in self.dist.shard(self.cfg.prompts_per_step) for i in range(g)
         ]
-        stats = self.updater.run(batch, adv, old_logp, ref_logp, k, global_rows, self.algo)
+        stats = self.updater.run(batch, adv, old_logp, ref_logp, k, global_rows, llds)
         self._sync_copies(sampler=(k + 1) % self.cfg.rollout.sync_every == 0)
         return stats
 
@@ -291,7 +298,7 @@ class GRPOTrainer:
         if self.evaluator is not None and is_due(self.step, cfg.eval_every, cfg.steps):
             with self.sampler.context(self.precision.autocast()):
                 metrics.update(self.evaluator(self.sampler.model, self.step))
-        metrics.update(self.diagnostics.periodic(self.step))
+        metrics.update(self.diagnostics.periodic(self.step, self.llds_settings))
         self.run_log.write(self.step, metrics)
         if self.step % cfg.save_every == 0 or self.step == cfg.steps:
             self.save()
@@ -320,11 +327,11 @@ class GRPOTrainer:
         state, _ = self.checkpoints.restore(target, weights=True)
         self._sync_copies()
         self.step = int(state["step"])
-        self.algo, self.rollbacks = rollback_algo(self.cfg), self.rollbacks + 1
+        self.llds_settings, self.rollbacks = rollback_llds(self.cfg), self.rollbacks + 1
         log.warning(
             "rolled back to %s; continuing with LLDS on (coef %.3g)",
             target.name,
-            self.algo.llds.coef,
+            self.llds_settings.coef,
         )
         self.run_log.open(self.step)
         self.monitor = new_monitor(self.cfg, self.run_dir, self.step)
