@@ -141,7 +141,9 @@ def test_the_in_loop_probe_takes_the_runs_optimizer_settings(monkeypatch, name) 
         template="",
         forked_streams=contextlib.nullcontext,
     )
-    diagnostics.Diagnostics.probe(fake)
+    in_force = dataclasses.replace(cfg.algo.llds, coef=0.7)  # e.g. after a rollback
+    diagnostics.Diagnostics.probe(fake, in_force)
+    assert seen["objective"] is cfg.algo and seen["llds"] is in_force  # extra terms included
     assert seen["optimizer"] == name
     assert seen["lr"] == (3e-6 if name == "adamw" else 0.02)
     assert seen["adam"] == AdamSettings((0.7, 0.9), 1e-5, 0.05)
