@@ -27,8 +27,8 @@ def run(cfg: Any, args: argparse.Namespace) -> int:
     from llds.policy.lora import adapter_dir_of, base_model_path
 
     adapter = adapter_dir_of(cfg.model)  # a LoRA checkpoint (or its adapter/): on its base
-    if adapter is None:
-        check_model_source("model", cfg.model)
+    if adapter is None:  # its architecture (transformers, torch) after the other inputs
+        check_model_source("model", cfg.model, architecture=False)
     else:
         base_model_path(adapter)  # the base is there, before any work
         cfg = dataclasses.replace(cfg, model=str(adapter))  # the protocol is saved beside it

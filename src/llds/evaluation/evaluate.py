@@ -104,8 +104,9 @@ def run_evaluation(cfg: EvalConfig, protocol: Protocol | None = None) -> EvalRes
     """Greedy evaluation of `cfg.model` on `cfg.data` with the model's saved protocol (or the
     given one); writes `cfg.out` when set and returns the results."""
     from llds.data.loaders import load_many
+    from llds.models.hf import check_model_source
     from llds.policy.config import ModelConfig
-    from llds.policy.setup import load_model
+    from llds.policy.lora import adapter_dir_of
     from llds.retrieval.factory import open_answering_retriever
 
     if cfg.out and Path(cfg.out).is_dir():
@@ -118,6 +119,10 @@ def run_evaluation(cfg: EvalConfig, protocol: Protocol | None = None) -> EvalRes
     # before the model: a dead URL, or one that cannot answer at this top-k, fails fast
     retriever = open_answering_retriever(cfg.retriever, topk=proto.topk)
     examples = load_many(cfg.data, limit=cfg.limit)
+    if adapter_dir_of(cfg.model) is None:  # its architecture last: that imports transformers
+        check_model_source("model", cfg.model)
+    from llds.policy.setup import load_model  # torch
+
     model, tok = load_model(
         ModelConfig(path=cfg.model, dtype=cfg.dtype, device=cfg.device), device_key="device"
     )

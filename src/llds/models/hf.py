@@ -42,11 +42,12 @@ TOKENIZER_FILES = (
 """a model directory holds its tokenizer in one of these (transformers' fast or slow formats)"""
 
 
-def check_model_directory(path: Path, name: str) -> None:
+def check_model_directory(path: Path, name: str, *, architecture: bool = True) -> None:
     """Refuse, before anything loads, a model directory transformers would load wrong or late:
     no config.json, no tokenizer (transformers would make an empty one), no weights, a
     safetensors file shorter than its header says (a copy cut short), or a config.json it cannot
-    build a model from (checked last: knowing the architectures imports transformers, and torch)."""
+    build a model from (checked last: knowing the architectures imports transformers, and torch;
+    `architecture=False` leaves that to a later check, after the cheaper ones)."""
     if not (path / "config.json").is_file():
         raise UserInputError(
             f"model directory {name!r} has no config.json (not a Hugging Face model directory)"
@@ -65,13 +66,13 @@ def check_model_directory(path: Path, name: str) -> None:
         problem = safetensors_problem(file)
         if problem:
             raise UserInputError(f"model directory {name!r}: {file.name} {problem}")
-    config_problem(path / "config.json", name)
+    config_problem(path / "config.json", name, architecture=architecture)
 
 
-def config_problem(file: Path, name: str) -> None:
+def config_problem(file: Path, name: str, *, architecture: bool = True) -> None:
     """Refuse a `config.json` transformers cannot build a model from: not JSON (a copy cut
-    short), no `model_type`, or a type this transformers does not know (a newer model, or a
-    typo) unless the directory brings its own code (`auto_map`)."""
+    short), no `model_type`, or (with `architecture`) a type this transformers does not know (a
+    newer model, or a typo) unless the directory brings its own code (`auto_map`)."""
     import json
 
     try:
@@ -88,6 +89,8 @@ def config_problem(file: Path, name: str) -> None:
         return
     if not isinstance(kind, str) or not kind:
         raise UserInputError(f"model directory {name!r}: config.json has no model_type")
+    if not architecture:
+        return
     import transformers
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
@@ -143,7 +146,7 @@ def safetensors_problem(file: Path) -> str | None:
     return None
 
 
-def resolve_model_source(name_or_path: str | Path) -> str:
+def resolve_model_source(name_or_path: str | Path, *, architecture: bool = True) -> str:
     """Return what `from_pretrained` should receive, or raise a UserInputError naming the input.
 
     A directory must hold a config.json. A hub id is passed through unchanged: transformers finds
@@ -156,19 +159,21 @@ def resolve_model_source(name_or_path: str | Path) -> str:
             raise UserInputError(f"model path {name!r} does not exist")
         if not path.is_dir():
             raise UserInputError(f"model path {name!r} is not a directory")
-        check_model_directory(path, name)
+        check_model_directory(path, name, architecture=architecture)
         return str(path)
     return name
 
 
-def check_model_source(key: str, name: str) -> None:
+def check_model_source(key: str, name: str, *, architecture: bool = True) -> None:
     """The model a command will load, checked before any work: a local directory that is
     missing, incomplete or cut short is one line naming `key` (hub ids and the packaged
-    `smollm2` are left to their loaders)."""
+    `smollm2` are left to their loaders). `architecture=False`: all but whether transformers
+    knows its model type (which imports transformers and torch), for a first check that the
+    command's other inputs follow before that one."""
     if name == "smollm2":
         return
     try:
-        resolve_model_source(name)
+        resolve_model_source(name, architecture=architecture)
     except UserInputError as exc:
         raise UserInputError(f"{key}: {exc}") from None
 
