@@ -20,6 +20,7 @@ LAYERS = {
     "errors": 0,
     "metrics": 0,
     "configs": 0,
+    "lazy": 0,
     "io": 1,
     "config": 1,
     "logs": 1,

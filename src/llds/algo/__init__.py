@@ -9,7 +9,6 @@ from llds.algo.kl import kl_penalty
 from llds.algo.llds import (
     GATES,
     LLDS_AGGREGATIONS,
-    answer_weight_schedule,
     llds_gate,
     llds_loss,
     preserving_mask,
@@ -26,6 +25,7 @@ from llds.algo.objective import (
 from llds.algo.policy_loss import policy_loss
 from llds.algo.rollout_correction import importance_weights, no_correction
 from llds.algo.segments import action_segments, broadcast_segments, segment_sums
+from llds.config.algo import answer_weight_schedule
 
 __all__ = [
     "AGGREGATIONS",

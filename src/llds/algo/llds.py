@@ -154,14 +154,3 @@ def _llds_stats(
         "mean_penalty": (penalty.sum() / n_pen.clamp(min=1)).float(),
         "displaced_token_frac": ((d > 0) & preserve).sum() / preserve.sum().clamp(min=1),
     }
-
-
-def answer_weight_schedule(mean_valid_searches: float, baseline: float = 2.0) -> float:
-    """LLDS-MA answer-token weight `beta = min(V / baseline, 1)` (the paper uses baseline 2).
-
-    Few valid searches per rollout -> answer tokens are barely protected, which discourages
-    answering before searching.
-    """
-    if baseline <= 0:
-        raise ValueError(f"baseline must be > 0, got {baseline}")
-    return float(min(max(mean_valid_searches, 0.0) / baseline, 1.0))

@@ -101,9 +101,18 @@ class LLDSConfig:
             return float(self.answer_weight)
         if mean_valid_searches is None:
             return 1.0
-        from llds.algo.llds import answer_weight_schedule  # tensor math: imports torch
-
         return answer_weight_schedule(mean_valid_searches, self.answer_baseline)
+
+
+def answer_weight_schedule(mean_valid_searches: float, baseline: float = 2.0) -> float:
+    """LLDS-MA answer-token weight `beta = min(V / baseline, 1)` (the paper uses baseline 2).
+
+    Few valid searches per rollout -> answer tokens are barely protected, which discourages
+    answering before searching.
+    """
+    if baseline <= 0:
+        raise ValueError(f"baseline must be > 0, got {baseline}")
+    return float(min(max(mean_valid_searches, 0.0) / baseline, 1.0))
 
 
 @section(key="algo.rollout_correction")
