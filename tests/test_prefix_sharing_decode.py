@@ -66,6 +66,10 @@ def test_shared_prompt_logits_equal_each_whole_rows_forward(compact):
             done += 1
 
 
+SHARED = {"prefix_sharing": True, "share_decode_prompts": True}
+"""the static loop's decode over one copy of each prompt"""
+
+
 def _seeded(world, tok, *, n: int, group: int, first: int):
     """`n` requests in groups of `group` with their own seeds `first`, `first + 1`, ..."""
     requests = rollout_requests(world, tok, n=n, group=group)
@@ -105,10 +109,14 @@ def test_shared_prompt_rollouts_are_token_identical(
     plain = _engine(model, tok, world_retriever, prefix_sharing=False, **settings)
     assert _same(eager, plain.generate(reqs))
     for compact in (True, False):
-        shared = _engine(model, tok, world_retriever, prefix_sharing=True, **settings)
+        shared = _engine(model, tok, world_retriever, **SHARED, **settings)
         shared.compact = compact
         assert _same(eager, shared.generate(reqs)), compact
     assert shared._decoder is not None and shared._decoder.prefix is not None
+    # prefix sharing for the passes alone: the decode keeps a copy of the prompt in every row
+    passes_only = _engine(model, tok, world_retriever, prefix_sharing=True, **settings)
+    assert _same(eager, passes_only.generate(reqs))
+    assert passes_only._decoder is not None and passes_only._decoder.prefix is None
 
 
 def test_compiled_shared_decode_samples_what_the_eager_loop_samples(
@@ -120,7 +128,7 @@ def test_compiled_shared_decode_samples_what_the_eager_loop_samples(
     reqs = _seeded(small_world, world_tokenizer, n=6, group=3, first=77)
     tok, settings = world_tokenizer, {"max_turns": 1, "max_turn_tokens": 12}
     eager = _engine(model, tok, world_retriever, cache="dynamic", **settings).generate(reqs)
-    compiled = _engine(model, tok, world_retriever, compile=True, prefix_sharing=True, **settings)
+    compiled = _engine(model, tok, world_retriever, compile=True, **SHARED, **settings)
     assert _same(eager, compiled.generate(reqs))
     assert compiled._decoder is not None and compiled._decoder.prefix is not None
     assert compiled.compile_seconds > 0

@@ -71,19 +71,33 @@ class RolloutConfig:
     static loop's cache stays allocated from one chunk (and step) to the next, so that compiled
     graphs keep their addresses"""
     prefix_sharing: bool = False
-    """compute each group's shared prompt once: the static loop caches each distinct prompt
-    once and attends to it once per group (`llds.models.shared_prefix`); the no-grad
-    log-prob passes (pi_old when recomputed, the reference's, the diagnostics') and each
-    mini-batch of the update run every distinct prompt once and the responses against its
-    keys and values, in micro-batches packed by response length under the same token budgets
-    (`llds.policy.prompt_once`). The same rollouts, log-probs to float rounding (1e-5 in
-    float32) and the exact gradient, but other rounding than whole rows. Off by default: on
-    the theorem study's step (2-core CPU) it measured 1.04x (the no-grad passes 1.12-1.17x,
-    the update and the decode no faster; benchmarks/prefix_sharing.py). Llama-family models
-    run llds's own segment forward, others transformers' forward with a cache; never under
-    FSDP"""
-    max_rows: int = Field(default=64, ge=1)
-    """rows generated concurrently (bounds memory; more rows per forward is faster)"""
+    """compute each group's shared prompt once: the no-grad log-prob passes (pi_old when
+    recomputed, the reference's, the diagnostics') and each mini-batch of the update run every
+    distinct prompt once and the responses against its keys and values, in micro-batches of
+    responses under the same token budgets, cut where padding costs more than a call
+    (`llds.policy.prompt_once`); the decode too with `share_decode_prompts`. The same
+    rollouts, log-probs to float rounding (1e-5 in float32) and the exact gradient, but other
+    rounding than whole rows. On the theorem study's step (2-core CPU, with the default chunks)
+    it measured 1.36x against the path without it and chunks of 64 rollouts (the no-grad passes
+    1.53-1.58x, the update 1.39x; benchmarks/prefix_sharing.py). Off by default (it would
+    change the rounding of every pass). Llama-family models run llds's own segment forward,
+    others transformers' forward with a cache; never under FSDP"""
+    share_decode_prompts: bool = False
+    """with `prefix_sharing`, also the static loop's decode: one copy of each distinct prompt
+    in the cache, attended to once per group and merged with each row's own keys by
+    log-sum-exp (`llds.models.shared_prefix`). Off: each row decodes after its own copy of the
+    prompt (prefilled once per group), as without `prefix_sharing`. Off by default: on the
+    theorem study's 128-wide model (2-core CPU) the merge's extra small operations per token
+    cost more than the prompt reads they save (320 rows: 9.29 s without, 10.44 s with)"""
+    max_rows: int = Field(default=512, ge=1)
+    """rows generated concurrently at most (more rows per forward is faster); fewer when
+    `cache_memory_mb` holds fewer"""
+    cache_memory_mb: int = Field(default=6144, ge=1)
+    """key/value cache the rows generated concurrently may hold, in MiB, counted at
+    `max_total_tokens` positions per row: a chunk has as many rows as fit (at most
+    `max_rows`). 6144: 512 rows of the theorem world's 4-layer model (its study's 320 rollouts
+    in one chunk, 1.09x faster than five of 64, the same rollouts), 86 of SmolLM2-135M at 1536
+    tokens (llds.rollout.chunk_rows)"""
     dtype: Literal["bfloat16", "float16", "float32"] | None = None
     """sample from a copy of the policy stored in this dtype (veRL's `rollout.dtype`), refreshed
     from the trained weights after every update, instead of from the policy itself. With

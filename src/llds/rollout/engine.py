@@ -33,6 +33,7 @@ from llds.errors import ConfigError
 from llds.models.static_decoder import StaticDecoder, static_decode_unsupported
 from llds.retrieval.base import Retriever
 from llds.rollout.batch import Episode, RolloutBatch
+from llds.rollout.chunk_rows import chunk_rows
 from llds.rollout.config import RolloutConfig
 from llds.rollout.dynamic_loop import DynamicSession
 from llds.rollout.spans import mark_answer_span
@@ -128,7 +129,10 @@ class RolloutEngine:
         self.model.eval()
         try:
             episodes: list[Episode] = []
-            step = self.config.max_rows
+            cfg = self.config
+            step = chunk_rows(
+                self.model, cfg.max_total_tokens + 1, cfg.max_rows, cfg.cache_memory_mb
+            )
             for s in range(0, len(requests), step):
                 episodes.extend(self._run_chunk(list(requests[s : s + step]), generator))
         finally:

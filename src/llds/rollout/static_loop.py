@@ -75,12 +75,12 @@ class StaticSession:
     # ------------------------------------------------------------------ prefill
     def _prefill_prompts(self, prompts: Sequence[Sequence[int]]) -> Tensor:
         """Each distinct prompt once (a GRPO group shares one): with `rollout.prefix_sharing`
-        cached once for its rows (`StaticDecoder.share_prompts`), else copied to its other
-        rows."""
+        and `share_decode_prompts` cached once for its rows (`StaticDecoder.share_prompts`),
+        else copied to its other rows."""
         first: dict[tuple[int, ...], int] = {}
         owner = [first.setdefault(tuple(p), r) for r, p in enumerate(prompts)]
         leaders = sorted(set(owner))
-        if self.cfg.prefix_sharing:
+        if self.cfg.prefix_sharing and self.cfg.share_decode_prompts:
             return self._share_prompts(prompts, leaders, owner)
         self.decoder.unshare()
         logits = self._prefill([list(prompts[r]) for r in leaders], leaders)  # lengths are 0
