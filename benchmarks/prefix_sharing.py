@@ -1,6 +1,8 @@
 """The theorem study's GRPO step with each group's prompt computed once
-(`rollout.prefix_sharing`, the default) against the same step without (today's path before
-it): the decode's prompt attention, the no-grad log-prob passes and the update's micro-batches.
+(`rollout.prefix_sharing`) against the same step without (the default path before it, with
+its chunks of 64 rollouts): the no-grad log-prob passes and the update's micro-batches (tails
+cut where padding costs more than a call), and the rollout's chunks sized by the cache budget
+(`rollout.cache_memory_mb`).
 
 Both arms start from the committed warm start `experiments/theorem_world/results/warm_start_3/`
 (unpacked to a temporary folder) with the study's recipe (`experiments/theorem_world/base.yaml`,
@@ -43,7 +45,9 @@ STUDY = ROOT / "experiments" / "theorem_world"
 CONFIG = STUDY / "base.yaml"
 WARM_START = STUDY / "results" / "warm_start_3" / "model.tar.gz"
 BUDGETS = ("optim.micro_batch_tokens=4096", "optim.logprob_micro_batch_tokens=16384")
-ARMS = ("rollout.prefix_sharing=false", "rollout.prefix_sharing=true")
+ARMS = ("rollout.prefix_sharing=false rollout.max_rows=64", "rollout.prefix_sharing=true")
+"""today's default path before prefix sharing (chunks of 64 rollouts), and prefix sharing with
+the defaults (chunks as the cache budget allows: the study's 320 rollouts in one)"""
 PHASES = ("rollout", "old_logprob", "ref_logprob", "update", "diagnostics", "step")
 
 
