@@ -159,7 +159,7 @@ def test_entropy_bonus_changes_the_update_from_the_onset(
         "entropy", "0.05", trunk, tmp_path, small_world, world_tokenizer, world_retriever
     )
     _same_trunk(rows, control)
-    assert t.algo.entropy_coef == 0.05
+    assert t.cfg.algo.entropy_coef == 0.05
     first = ONSET + 1  # the same rollouts as the control's, a different loss
     assert rows[first]["rollout/response_tokens"] == control[first]["rollout/response_tokens"]
     assert rows[first]["policy/grad_norm"] != control[first]["policy/grad_norm"]
