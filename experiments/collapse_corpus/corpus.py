@@ -64,7 +64,9 @@ def _finished(run_dir: Path, steps: int) -> bool:
 
 def _committed(job: tuple, pilot: bool) -> bool:
     """Whether a branch's full log is already committed under `runs/` of this folder (a new
-    checkout has no `runs/collapse_corpus/`, so the work folder alone cannot tell)."""
+    checkout has no `runs/collapse_corpus/`, so the work folder alone cannot tell). Read here,
+    not with the library's committed-log reader: the runs run the library of 3b5273d, where that
+    reader lives in another module than today's."""
     if pilot or job[3] is None:
         return False
     work = Path(job[0])

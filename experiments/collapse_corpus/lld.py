@@ -17,6 +17,7 @@ newest checkpoint under `lld/.../parked/` to commit.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -57,29 +58,32 @@ def overrides(setting: str) -> list[str]:
     return [f"steps={STEPS}", *BUDGETS, *SETTINGS[setting], *SECOND_VIEW]
 
 
-def main(argv: list[str] | None = None) -> None:
-    pre = driver_arguments(__doc__, "", HERE, SEEDS)
-    pre.add_argument("--pilot", choices=sorted(SETTINGS), default=None, help="a pilot setting")
-    pre.add_argument(
+def _which_runs(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument("--pilot", choices=sorted(SETTINGS), default=None, help="a pilot setting")
+    p.add_argument(
         "--setting", choices=sorted(SETTINGS), default=None, help="the arms' setting (the pilot's)"
     )
-    pre.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
-    pre.set_defaults(
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    # which runs decides the folders' and seeds' defaults, so it is read first
+    known, _ = _which_runs(argparse.ArgumentParser(add_help=False)).parse_known_args(argv)
+    setting = known.pilot or known.setting
+    work, results = folders(known.pilot, setting or "a")
+    p = _which_runs(driver_arguments(__doc__, work, results, PILOT_SEEDS if known.pilot else SEEDS))
+    p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    p.set_defaults(
         theorem="runs/theorem_world_b",
         warm_archive=str(WARM_START / "model.tar.gz"),
         warm_report=str(WARM_START / "report.json"),
-        parallel=2,
     )
-    args = pre.parse_args(argv)
+    args = p.parse_args(argv)
     if (args.pilot is None) == (args.setting is None):
-        pre.error("give exactly one of --pilot SETTING or --setting SETTING")
-    setting = args.pilot or args.setting
-    work, results = folders(args.pilot, setting)
-    seeds = list(PILOT_SEEDS) if args.pilot and args.seeds == list(SEEDS) else args.seeds
+        p.error("give exactly one of --pilot SETTING or --setting SETTING")
     arms = [PILOT_ARM] if args.pilot else args.arms
-    theorem, work_dir = Path(args.theorem), Path(args.work or work)
-    results_dir = Path(args.results) if args.results != str(HERE) else results
-    runs = plan(theorem, work_dir, results_dir, ordered_runs(arms, seeds), overrides(setting))
+    theorem, work_dir, results_dir = Path(args.theorem), Path(args.work), Path(args.results)
+    runs = plan(theorem, work_dir, results_dir, ordered_runs(arms, args.seeds), overrides(setting))
     execute(runs, theorem, work_dir, results_dir, args)
 
 
