@@ -12,15 +12,17 @@ Gates are computed from detached values; gradient flows only through `log_probs`
 
 from __future__ import annotations
 
+from typing import get_args
+
 import torch
 from torch import Tensor
 
 from llds.algo.masking import aggregate, masked_fill_zero
 from llds.algo.segments import action_segments, broadcast_segments, segment_sums
-from llds.config.algo import LLDSConfig, check_arguments
+from llds.config.algo import Gate, LLDSAggregation, LLDSConfig, check_arguments
 
-GATES: tuple[str, ...] = ("token", "response", "action")
-LLDS_AGGREGATIONS: tuple[str, ...] = ("seq-mean-token-mean", "token-mean")
+GATES: tuple[str, ...] = get_args(Gate)
+LLDS_AGGREGATIONS: tuple[str, ...] = get_args(LLDSAggregation)
 
 
 def preserving_mask(advantages: Tensor, loss_mask: Tensor) -> Tensor:

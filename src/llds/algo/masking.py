@@ -6,15 +6,14 @@ hold -inf or NaN log-probs, and `0 * inf` would poison the result.
 
 from __future__ import annotations
 
+from typing import get_args
+
 import torch
 from torch import Tensor
 
-AGGREGATIONS: tuple[str, ...] = (
-    "token-mean",
-    "seq-mean-token-mean",
-    "seq-mean-token-sum",
-    "seq-mean-token-sum-norm",
-)
+from llds.config.algo import Aggregation
+
+AGGREGATIONS: tuple[str, ...] = get_args(Aggregation)
 
 
 def masked_fill_zero(values: Tensor, mask: Tensor) -> Tensor:
