@@ -43,7 +43,8 @@ def test_answer_weight_from_the_batchs_searches_only_when_needed() -> None:
 
     ma = LLDSConfig(mask_answer=True)  # the paper's schedule: min(V / 2, 1)
     assert llds_in_force(ma, searches).answer_weight == 0.75 and asked == [1]
-    assert llds_in_force(LLDSConfig(mask_answer=True, answer_weight=0.3), searches).answer_weight
+    fixed = LLDSConfig(mask_answer=True, answer_weight=0.3)
+    assert llds_in_force(fixed, searches).answer_weight == 0.3
     assert llds_in_force(LLDSConfig(mask_answer=True, answer_weight=0.3)).answer_weight == 0.3
     assert llds_in_force(LLDSConfig(), searches).answer_weight == 1.0  # no LLDS-MA
     off = LLDSConfig(enabled=False, mask_answer=True)

@@ -175,8 +175,10 @@ def probe_group(
     saved = copy.deepcopy(model.state_dict())
     if objective is None:
         objective = probe_objective(clip, aggregation, llds_coef)
-    searches = sum(e.num_valid_searches for e in batch.episodes) / max(1, len(batch))
-    in_force = llds_in_force(objective.llds if llds is None else llds, lambda: searches)
+    in_force = llds_in_force(
+        objective.llds if llds is None else llds,
+        lambda: sum(e.num_valid_searches for e in batch.episodes) / max(1, len(batch)),
+    )
     try:
         params = [p for p in model.parameters() if p.requires_grad]
         opt = make_optimizer(params, optimizer, lr, adam)

@@ -35,7 +35,7 @@ from llds.policy.precision import Precision, update_ratio
 from llds.policy.prompt_once import MiniBatchPrompts, tail_micro_batches
 from llds.rollout import RolloutBatch
 from llds.train import fsdp
-from llds.train.config import AlgoConfig, TrainConfig
+from llds.train.config import TrainConfig
 from llds.train.distributed import Dist
 from llds.train.global_batch import Counts, global_counts, mini_batches
 from llds.train.update_stats import UpdateStats
@@ -52,15 +52,15 @@ class NonFiniteError(RuntimeError):
 @dataclass(frozen=True)
 class UpdateInputs:
     """What every micro-batch of a step reads: the rollout batch, its advantages, pi_old's and
-    the reference's log-probs, the loss's settings, the LLDS the step applies, the loss mask
-    (the batch's, less the rollouts `algo.filter_void_turns` leaves out) and the importance
-    weights of `algo.rollout_correction` (None: unweighted)."""
+    the reference's log-probs, the LLDS the step applies (the rest of the loss's settings are
+    the run's `cfg.algo`), the loss mask (the batch's, less the rollouts
+    `algo.filter_void_turns` leaves out) and the importance weights of `algo.rollout_correction`
+    (None: unweighted)."""
 
     batch: RolloutBatch
     adv: torch.Tensor
     old_logp: torch.Tensor
     ref_logp: torch.Tensor | None
-    objective: AlgoConfig
     llds: LLDSInForce
     loss_mask: torch.Tensor
     is_weights: torch.Tensor | None = None
@@ -159,7 +159,7 @@ class PolicyUpdate:
         cfg, optim = self.cfg, self.cfg.optim
         loss_mask, filtered = step_loss_mask(batch, cfg.algo.filter_void_turns)
         is_weights, correction = step_is_weights(cfg, batch, old_logp, loss_mask)
-        inputs = UpdateInputs(batch, adv, old_logp, ref_logp, cfg.algo, llds, loss_mask, is_weights)
+        inputs = UpdateInputs(batch, adv, old_logp, ref_logp, llds, loss_mask, is_weights)
         params = [p for p in self.model.parameters() if p.requires_grad]
         start = self._snapshot(params)
         n_global = cfg.prompts_per_step * cfg.rollout.group_size
@@ -314,7 +314,7 @@ class PolicyUpdate:
             num_preserving=counts.preserving,
             is_weights=is_weights,
         )
-        return grpo_objective(x, inputs.objective)
+        return grpo_objective(x, cfg.algo)
 
     def _match_busiest_rank(self, batch: RolloutBatch, plan: list[list[int]]) -> None:
         """Under FSDP every rank must make as many forward/backward calls (collectives) as the
