@@ -46,7 +46,7 @@ CONFIG = STUDY / "base.yaml"
 WARM_START = STUDY / "results" / "warm_start_3" / "model.tar.gz"
 BUDGETS = ("optim.micro_batch_tokens=4096", "optim.logprob_micro_batch_tokens=16384")
 ARMS = ("rollout.prefix_sharing=false rollout.max_rows=64", "rollout.prefix_sharing=true")
-"""today's default path before prefix sharing (chunks of 64 rollouts), and prefix sharing with
+"""the default path before prefix sharing (chunks of 64 rollouts), and prefix sharing with
 the defaults (chunks as the cache budget allows: the study's 320 rollouts in one)"""
 PHASES = ("rollout", "old_logprob", "ref_logprob", "update", "diagnostics", "step")
 

@@ -24,3 +24,44 @@ def test_rows_fit_the_budget_capped_by_max_rows():
 
 def test_a_model_without_a_transformers_config_keeps_max_rows():
     assert chunk_rows(torch.nn.Linear(2, 2), 100, 64, 1) == 64
+
+
+def test_the_engine_generates_in_chunks_the_budget_holds(
+    small_world, world_tokenizer, world_retriever
+):
+    """`RolloutEngine.generate` decodes as many rows together as `rollout.cache_memory_mb`
+    holds at `max_total_tokens + 1` positions, and the chunks change no rollout."""
+    from conftest import make_tiny_model, rollout_requests
+    from llds.rollout import RolloutConfig, RolloutEngine
+
+    model = make_tiny_model(world_tokenizer)
+    c = model.config
+    kv_heads = c.num_key_value_heads or c.num_attention_heads
+    head_dim = c.hidden_size // c.num_attention_heads
+    total = 255  # a row: 1024 bytes a position (2 layers, 2 key/value heads of 16, float32)
+    per_row = 2 * c.num_hidden_layers * kv_heads * head_dim * (total + 1) * 4  # float32
+    rows = 2**20 // per_row
+    reqs = rollout_requests(small_world, world_tokenizer, n=12, group=3)
+    assert 1 < rows < len(reqs)  # the budget splits these requests
+    settings = dict(max_turns=2, max_turn_tokens=12, max_obs_tokens=48, max_total_tokens=total)
+    batches, sizes = [], []
+    for budget in (1, 64):
+        engine = RolloutEngine(
+            model,
+            world_tokenizer,
+            world_retriever,
+            RolloutConfig(**settings, cache_memory_mb=budget),
+        )
+        run_chunk = engine._run_chunk
+
+        def counted(chunk, gen, run=run_chunk, budget=budget):
+            sizes.append((budget, len(chunk)))
+            return run(chunk, gen)
+
+        engine._run_chunk = counted
+        batches.append(engine.generate(reqs, generator=torch.Generator().manual_seed(0)))
+    expected = [rows] * (len(reqs) // rows) + ([len(reqs) % rows] if len(reqs) % rows else [])
+    assert [n for b, n in sizes if b == 1] == expected
+    assert [n for b, n in sizes if b == 64] == [len(reqs)]
+    small, whole = batches
+    assert [e.response_ids for e in small.episodes] == [e.response_ids for e in whole.episodes]

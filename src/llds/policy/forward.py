@@ -333,7 +333,7 @@ def pack_least_padding(
     order = sorted(rows, key=lambda i: (-lengths[i], i))
     n = len(order)
     width = [lengths[i] for i in order]
-    best = [0] + [0] * n  # best[j]: the least cost of the first j rows
+    best = [0] * (n + 1)  # best[j]: the least cost of the first j rows
     cut = [0] * (n + 1)
     for j in range(1, n + 1):
         best[j] = best[j - 1] + width[j - 1] + per_call  # row j - 1 alone

@@ -96,8 +96,8 @@ class RolloutConfig:
     """key/value cache the rows generated concurrently may hold, in MiB, counted at
     `max_total_tokens` positions per row: a chunk has as many rows as fit (at most
     `max_rows`). 6144: 512 rows of the theorem world's 4-layer model (its study's 320 rollouts
-    in one chunk, 1.09x faster than five of 64, the same rollouts), 86 of SmolLM2-135M at 1536
-    tokens (llds.rollout.chunk_rows)"""
+    in one chunk, 1.09x faster than five of 64, the same rollouts), 90 of SmolLM2-135M at 1536
+    tokens in float32 (71 MB a row; llds.rollout.chunk_rows)"""
     dtype: Literal["bfloat16", "float16", "float32"] | None = None
     """sample from a copy of the policy stored in this dtype (veRL's `rollout.dtype`), refreshed
     from the trained weights after every update, instead of from the policy itself. With
