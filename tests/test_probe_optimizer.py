@@ -134,11 +134,9 @@ def test_the_in_loop_probe_takes_the_runs_optimizer_settings(monkeypatch, name) 
     fake = SimpleNamespace(
         cfg=cfg,
         rollout_model=torch.nn.Linear(2, 2),
-        tokenizer=None,
-        retriever=None,
         probe_set=[],
-        engine=SimpleNamespace(config=CFG),
-        template="",
+        engine=SimpleNamespace(config=CFG, tokenizer=None, retriever=None),
+        prompts=SimpleNamespace(template=""),
         forked_streams=contextlib.nullcontext,
     )
     in_force = dataclasses.replace(cfg.algo.llds, coef=0.7)  # e.g. after a rollback

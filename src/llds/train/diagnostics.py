@@ -37,7 +37,6 @@ from llds.policy.precision import Precision
 from llds.probe.one_step import probe_metrics, run_probe
 from llds.probe.reference import REFERENCE_FILE, ReferenceChains
 from llds.probe.update import AdamSettings
-from llds.retrieval.base import Retriever
 from llds.rollout import RolloutBatch, RolloutEngine
 from llds.train.config import TrainConfig
 from llds.train.distributed import Dist
@@ -71,10 +70,7 @@ class Diagnostics:
         self.rollout_model = forward
         self.precision = precision
         self.engine = engine
-        self.tokenizer = engine.tokenizer
-        self.retriever: Retriever | None = engine.retriever
-        self.template = prompts.template
-        self.prompt_ids = prompts
+        self.prompts = prompts
         self.probe_set = probe_set
         self.reference: ReferenceChains | None = None
 
@@ -251,8 +247,8 @@ class Diagnostics:
         with self.forked_streams():
             results = run_probe(
                 model,
-                self.tokenizer,
-                self.retriever,
+                self.engine.tokenizer,
+                self.engine.retriever,
                 self.probe_set,
                 group_size=cfg.rollout.group_size,
                 rollout=self.engine.config,
@@ -260,7 +256,7 @@ class Diagnostics:
                 optimizer=cfg.diagnostics.probe_optimizer,
                 adam=AdamSettings(tuple(cfg.optim.betas), cfg.optim.eps, cfg.optim.weight_decay),
                 seed=cfg.seed,
-                template=self.template,
+                template=self.prompts.template,
                 chat=cfg.model.chat,
                 progress=False,
                 objective=cfg.algo,
@@ -296,14 +292,16 @@ class Diagnostics:
 
             examples = load_examples(cfg.data.eval, limit=cfg.data.eval_limit)
         greedy = eval_rollout_config(
-            self.engine.config, cfg.eval_max_turns if self.retriever else 0
+            self.engine.config, cfg.eval_max_turns if self.engine.retriever else 0
         )
-        engine = RolloutEngine(self.rollout_model, self.tokenizer, self.retriever, greedy)
+        engine = RolloutEngine(
+            self.rollout_model, self.engine.tokenizer, self.engine.retriever, greedy
+        )
         with self.scoring_mode():
             chains = ReferenceChains.build(
                 self.rollout_model,
                 engine,
-                [(self.prompt_ids(ex), ex) for ex in examples],
+                [(self.prompts(ex), ex) for ex in examples],
                 self.engine.pad_id,
                 cfg.optim.logprob_tokens,
             )
