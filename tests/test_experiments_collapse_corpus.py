@@ -288,7 +288,8 @@ class _Recorder:
 
 def test_the_lld_runs_are_the_protocols(capsys):
     """lld.py's plan: the pilot's two settings on seeds 100-101 (GRPO only), the arms on seeds
-    0-7, 300 steps, KL off, the paper's 10 mini-batches in rollout order, the second view."""
+    0-7, 300 steps, KL off, the paper's 10 mini-batches in rollout order, the second view,
+    prefix sharing on."""
     lld = _load("lld")
     seen = {}
     for argv in (["--pilot", "a"], ["--pilot", "b"], ["--setting", "b"]):
@@ -301,6 +302,7 @@ def test_the_lld_runs_are_the_protocols(capsys):
             assert (c["optim"]["mini_batches"], c["optim"]["minibatch_order"]) == (10, "rollout")
             assert c["optim"]["lr"] == (3e-4 if name == "a--pilot" else 9e-4)
             assert c["data"]["eval_limit"] == 60
+            assert c["rollout"]["prefix_sharing"] is True  # amendment 3
     assert [(r["arm"], r["seed"]) for r in seen["a--pilot"]] == [("lam0", 100), ("lam0", 101)]
     arms = {(r["arm"], r["config"]["algo"]["llds"]["enabled"]) for r in seen["b--setting"]}
     assert arms == {("lam0", False), ("lam0.6", True), ("lam2", True)}
