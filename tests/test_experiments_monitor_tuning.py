@@ -240,3 +240,23 @@ def test_one_replay_per_grid_position_equals_each_detector_alone() -> None:
         assert together[cell] == alone, cell.label
         fired += bool(alone)
     assert fired == 7  # all but entropy_drift at high=3 (2.5x only)
+
+
+def test_stage_one_freezes_on_the_organism_runs_without_reading_lld(tmp_path) -> None:
+    """Amendment 1: with the organism arms complete and the lld runs missing, the whole split
+    is refused and stage 1 freezes on the organism runs alone, never opening an lld run (this
+    one has no folder: reading it would fail)."""
+    corpus = make_corpus(tmp_path, censor=("h10",))
+    with (corpus / "manifest.csv").open("a", newline="", encoding="utf-8") as f:
+        csv.writer(f).writerow(["l1", "lld", 0, "tune", 1, 150, "lld", "no", "no"])
+    expected = {**COMPLETE, "none": 8, "lld": 4}
+    with pytest.raises(SystemExit, match=r"incomplete \(have, expected\): \{'lld': \[1, 4\]\}"):
+        tune.run(corpus, tmp_path / "all", freeze=True, grid=GRID, expected=expected)
+    choice = tune.run(
+        corpus, tmp_path / "one", freeze=True, grid=GRID, expected=expected, stage="organism"
+    )
+    assert labels(choice.chosen.cells) == ["tuning_test_x[level=3]"]
+    saved = json.loads((tmp_path / "one" / "choice.json").read_text(encoding="utf-8"))
+    assert saved["status"].startswith("in-sample, stage 1: the complete organism part")
+    assert "lld" not in saved["tune_runs_have_expected"]
+    assert "stage 1" in (tmp_path / "one" / "frozen.yaml").read_text(encoding="utf-8")

@@ -276,3 +276,39 @@ def test_gradient_growth_at_a_constant_logged_learning_rate_is_not_lr_divergence
     assert f.status == "absent" and f.numbers["lr_growth"] == pytest.approx(1.0)
     rising = series(policy__grad_norm=grad, lr=late(1e-6, 3e-6))
     assert att.lr_divergence_rule(rising, EVENT).status == "present"
+
+
+def test_a_logged_rising_learning_rate_needs_only_the_relative_rise_of_the_updates():
+    """With `lr` logged and risen 3x, a tenfold approx-KL below the 0.05 floor is a
+    divergence; the same KL at a constant logged rate, or with no rate logged, is not."""
+    kl = late(0.001, 0.01)  # 10 x its early median, a fifth of KL_LARGE
+    rising = series(policy__approx_kl=kl, lr=late(1e-4, 3e-4))
+    f = att.lr_divergence_rule(rising, EVENT)
+    assert f.status == "present" and f.numbers["lr_growth"] == pytest.approx(3.0)
+    assert att.lr_divergence_rule(series(policy__approx_kl=kl), EVENT).status == "absent"
+    flat = series(policy__approx_kl=kl, lr=lambda s: 1e-4)
+    assert att.lr_divergence_rule(flat, EVENT).status == "absent"
+    # the relative rise is still needed: a rate risen 3x over updates of constant size
+    still = series(policy__approx_kl=lambda s: 0.01, lr=late(1e-4, 3e-4))
+    assert att.lr_divergence_rule(still, EVENT).status == "absent"
+
+
+def test_every_mechanism_sits_in_exactly_one_causal_tier():
+    tiers = [m for tier in att.CAUSAL_TIERS for m in tier]
+    assert sorted(tiers) == sorted(att.MECHANISMS) and len(tiers) == len(set(tiers))
+
+
+@pytest.mark.parametrize(
+    ("present", "named"),
+    [
+        (["LLD", "mismatch", "entropy"], ("mismatch",)),
+        (["entropy", "learning-rate divergence"], ("learning-rate divergence",)),
+        (["mismatch", "learning-rate divergence"], ("mismatch", "learning-rate divergence")),
+        (["LLD", "void turns", "entropy", "search decline"], ("void turns", "search decline")),
+        (["LLD", "entropy"], ("LLD",)),
+        (["entropy"], ("entropy",)),
+        ([], ()),
+    ],
+)
+def test_the_named_cause_is_the_most_upstream_signature_present(present, named):
+    assert att.most_upstream(present) == named

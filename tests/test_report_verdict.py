@@ -58,11 +58,17 @@ def test_a_collapsed_run_names_its_cause_and_stabilizers():
     collapse = next(e for e in events if e.kind == COLLAPSE)
     text = _verdict(rows)
     assert f"collapsed at step {collapse.step}" in text and "cause named" in text
-    present = collapse.with_status("present")
-    assert present  # the synthetic collapse's entropy blows up
-    for f in present:
-        name, switch = STABILIZERS[f.mechanism]
-        assert f"{f.mechanism}: {name}" in text and switch in text
+    present = {f.mechanism for f in collapse.with_status("present")}
+    # the synthetic collapse's gradients grow tenfold and its entropy blows up: the learning
+    # rate is named (the set-up, upstream), the entropy listed as downstream, not named
+    assert present == {"learning-rate divergence", "entropy"}
+    v = verdict_of(rows, [])
+    assert (v.named, v.downstream) == (("learning-rate divergence",), ("entropy",))
+    name, switch = STABILIZERS["learning-rate divergence"]
+    assert f"learning-rate divergence: {name}" in text and switch in text
+    assert "downstream of it (not named): entropy" in text
+    assert f"entropy: {STABILIZERS['entropy'][0]}" not in text  # no stabilizer for a symptom
+    assert "also present, downstream: entropy" in v.line("run")
     assert "against the run's own first 20 steps" in text
 
 

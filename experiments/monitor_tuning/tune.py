@@ -2,6 +2,7 @@
 
     python experiments/monitor_tuning/tune.py            # grid.csv, choice.json, results.md
     python experiments/monitor_tuning/tune.py --freeze   # and frozen.yaml (complete split only)
+    python experiments/monitor_tuning/tune.py --freeze --stage organism   # amendment 1, stage 1
 
 Reads `../collapse_corpus/manifest.csv` and the committed logs of its `tune` runs only (the log
 reader refuses a run of another split), replays every cell of `grid.GRID` through the library
@@ -49,6 +50,13 @@ EXPECTED_TUNE: dict[str, int] = {
 and extra healthy seeds 8-15; corrected twins 0-3), cause runs by mechanism (seeds 0-3; the
 LLDS arms at two strengths)."""
 IN_SAMPLE = "in-sample: the tune split"
+STAGES: dict[str, frozenset[str]] = {
+    "all": frozenset(),
+    "organism": frozenset({"lld", "lld+llds"}),
+}
+"""The mechanisms each freezing stage leaves out (PROTOCOL.md, amendment 1): stage 1 freezes
+on the organism's part of the tune split while the theorem world's `lld` runs are being made;
+stage 2 (`all`) on the whole split."""
 
 
 class SplitRefused(ValueError):
@@ -106,11 +114,17 @@ def sample_sizes(runs: Sequence[CorpusRun]) -> dict[str, int]:
     }
 
 
-def status_line(complete: bool, n: Mapping[str, int]) -> str:
+def status_line(complete: bool, n: Mapping[str, int], stage: str = "all") -> str:
     said = (
         f"n = {n['runs']} tune runs: {n['gradual_collapses']} gradual collapse(s), "
         f"{n['abrupt_collapses']} abrupt, {n['healthy_usable']} healthy"
     )
+    if complete and stage != "all":
+        left = ", ".join(sorted(STAGES[stage]))
+        return (
+            f"in-sample, stage 1: the complete {stage} part of the tune split, without {left} "
+            f"({said})"
+        )
     if complete:
         return f"in-sample, complete tune split ({said})"
     return (
@@ -309,16 +323,19 @@ def run(
     freeze: bool = False,
     grid: Grid = GRID,
     expected: Mapping[str, int] = EXPECTED_TUNE,
+    stage: str = "all",
 ) -> Choice:
-    """Replay, choose, write `grid.csv`, `choice.json`, `results.md` (and `frozen.yaml`)."""
-    runs = tune_runs(corpus)
-    counts = completeness(runs, expected)
+    """Replay, choose, write `grid.csv`, `choice.json`, `results.md` (and `frozen.yaml`), on
+    the tune runs of the `stage` (`STAGES`: which mechanisms it leaves out)."""
+    left_out = STAGES[stage]
+    runs = [r for r in tune_runs(corpus) if arm_key(r) not in left_out]
+    counts = completeness(runs, {k: v for k, v in expected.items() if k not in left_out})
     complete = is_complete(counts)
     if freeze and not complete:
         short = {k: v for k, v in counts.items() if v[0] < v[1]}
         raise SystemExit(f"--freeze: the tune split is incomplete (have, expected): {short}")
     n = sample_sizes(runs)
-    status = status_line(complete, n)
+    status = status_line(complete, n, stage)
     choice = choose(replay(corpus, runs, grid), cells_of(grid))
     _write_text(out / "grid.csv", _csv_text(grid_rows(choice, status)))
     write_json(out / "choice.json", choice_json(choice, status, n, counts, corpus / "manifest.csv"))
@@ -333,8 +350,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--corpus", type=Path, default=CORPUS, help="folder with manifest.csv")
     ap.add_argument("--out", type=Path, default=HERE, help="where the outputs go")
     ap.add_argument("--freeze", action="store_true", help="also write frozen.yaml")
+    ap.add_argument(
+        "--stage",
+        choices=sorted(STAGES),
+        default="all",
+        help="organism: stage 1, the tune split without the lld runs (amendment 1)",
+    )
     args = ap.parse_args(argv)
-    choice = run(args.corpus, args.out, freeze=args.freeze)
+    choice = run(args.corpus, args.out, freeze=args.freeze, stage=args.stage)
     for line in table(choice.chosen.card):
         print(line)
     print(scorecard_line(choice.chosen.card) + f"  ({IN_SAMPLE})")

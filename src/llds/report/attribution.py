@@ -102,6 +102,16 @@ MECHANISM_CODES: dict[str, str] = {
 }
 """Each mechanism's code, as the monitor's alarms and the collapse corpus name it
 (`llds.monitor.registry.MECHANISMS`)."""
+CAUSAL_TIERS: tuple[tuple[str, ...], ...] = (
+    ("mismatch", "learning-rate divergence"),
+    ("void turns", "search decline"),
+    ("LLD",),
+    ("entropy",),
+)
+"""Where several signatures precede a collapse, the cause named is the most upstream one: a
+fault of the training set-up (the sampler, the learning rate) changes how the agent uses its
+tool and the policy's state, tool use changes what the policy learns, and the death spiral
+runs from LLD to an entropy blow-up, never the reverse. The others are listed as downstream."""
 LEAD = 20
 """A critical alarm is timely when it comes at least this many steps before the collapse."""
 STABILIZERS: dict[str, tuple[str, str]] = {
@@ -343,18 +353,30 @@ def lr_divergence_rule(series: Series, step: int) -> Finding:
     least `RISE_FACTOR` x its early median and `KL_LARGE`, or the clipped share at least
     `RISE_FACTOR` x its early median and `CLIP_LARGE`, or the gradient norm `GRAD_GROWTH`-fold;
     where the log has the learning rate (`lr`), only while it rose at least `LR_RISE`-fold (a
-    death spiral grows the gradients at a constant learning rate)."""
+    death spiral grows the gradients at a constant learning rate), and then the KL and clipped
+    share need only their `RISE_FACTOR` rise: the log shows the cause itself, so the absolute
+    floors, which keep small relative changes of a healthy run out, are not needed."""
     name = "learning-rate divergence"
+    lo = step - WINDOW + 1
+    lr_now = _median(_values(series, LR_KEY, lo, step))
+    lr_early = baseline(series, LR_KEY, lo)
+    lr_growth = (
+        lr_now / lr_early.median
+        if lr_now is not None and lr_early is not None and lr_early.median > 0
+        else None
+    )
+    lr_logged = lr_growth is not None
+    lr_rose = lr_growth is None or lr_growth >= LR_RISE  # without `lr`, the growth alone decides
+    floors = (0.0, 0.0) if lr_logged and lr_rose else (KL_LARGE, CLIP_LARGE)
     clip = {"policy/clip_frac": _clip_series(series)}
     merged: dict[str, Sequence[tuple[int, float]]] = {**series, **clip}
     parts, nums, grew = [], {}, False
-    for key, floor in (("policy/approx_kl", KL_LARGE), ("policy/clip_frac", CLIP_LARGE)):
+    for key, floor in zip(("policy/approx_kl", "policy/clip_frac"), floors, strict=True):
         rose, said, now = _rising(merged, key, step, floor)
         if now is not None:
             nums[key] = now
             parts.append(said)
             grew |= rose
-    lo = step - WINDOW + 1
     grad_now = _median(_values(series, keys.GRAD_NORM, lo, step))
     grad_early = baseline(series, keys.GRAD_NORM, lo)
     if grad_now is not None and grad_early is not None and grad_early.median > 0:
@@ -363,15 +385,10 @@ def lr_divergence_rule(series: Series, step: int) -> Finding:
         grew |= growth >= GRAD_GROWTH
     if not nums:
         return Finding(name, "not logged")
-    lr_now = _median(_values(series, LR_KEY, lo, step))
-    lr_early = baseline(series, LR_KEY, lo)
-    lr_rose = True  # without the learning rate in the log, the growth alone decides
-    if lr_now is not None and lr_early is not None and lr_early.median > 0:
-        nums["lr_growth"] = lr_now / lr_early.median
-        lr_rose = lr_now >= LR_RISE * lr_early.median
+    if lr_growth is not None and lr_early is not None:
+        nums["lr_growth"] = lr_growth
         parts.append(
-            f"learning rate x{_fmt(lr_now / lr_early.median)} against its steps "
-            f"{lr_early.first}-{lr_early.last}"
+            f"learning rate x{_fmt(lr_growth)} against its steps {lr_early.first}-{lr_early.last}"
         )
     present = grew and lr_rose
     return Finding(name, "present" if present else "absent", "; ".join(parts), nums)
@@ -446,6 +463,8 @@ class Verdict:
     censored: bool = False
     named: tuple[str, ...] = ()
     """the mechanisms named as the collapse's cause (`MECHANISMS` names); empty: none"""
+    downstream: tuple[str, ...] = ()
+    """the other signatures present before the collapse, downstream of the named ones"""
     first_critical: Alarm | None = None
     first_timely: Alarm | None = None
 
@@ -475,6 +494,8 @@ class Verdict:
             parts.append(
                 f"cause named: {', '.join(self.named)}" if self.named else "no known signature"
             )
+            if self.downstream:
+                parts.append(f"also present, downstream: {', '.join(self.downstream)}")
         if self.first_timely is not None and self.collapse_step is not None:
             a = self.first_timely
             lead = self.collapse_step - a.step
@@ -501,11 +522,24 @@ def verdict_of(rows: Sequence[Mapping[str, Any]], alarms: Sequence[Alarm]) -> Ve
         return Verdict(last, first_critical=first)
     event = attribute(series, COLLAPSE, collapse)
     timely = next((a for a in critical if a.step <= collapse - LEAD), None)
+    present = [f.mechanism for f in event.with_status("present")]
+    named = most_upstream(present)
     return Verdict(
         last,
         collapse,
         censored(steps, collapse),
-        tuple(f.mechanism for f in event.with_status("present")),
+        named,
+        tuple(m for m in present if m not in named),
         first,
         timely,
     )
+
+
+def most_upstream(present: Sequence[str]) -> tuple[str, ...]:
+    """The present mechanisms of the first `CAUSAL_TIERS` tier that has any (in `MECHANISMS`
+    order); empty when none is present."""
+    for tier in CAUSAL_TIERS:
+        named = tuple(m for m in present if m in tier)
+        if named:
+            return named
+    return ()

@@ -170,11 +170,12 @@ def _stabilizers_text(findings: Sequence[Finding]) -> str:
 def verdict(summary: Mapping[str, Any], events: Sequence[Event], v: Verdict) -> str:
     """One run's verdict, the first thing the report says about it: collapsed or not by the
     pre-registered definition (censored when fewer than `CENSOR_STEPS` steps were logged after
-    it), the cause named (the signatures that depart from the run's early steps in the window
-    before the collapse, else "no known signature") with the stabilizer docs/stabilizers.md
-    names for each, and the first critical alarm that came at least `LEAD` steps ahead; "did not
-    learn" only when neither the training reward nor the held-out EM (where evaluated) rose.
-    Without a collapse, the signatures before the first alarm are listed, not named causes."""
+    it), the cause named (of the signatures that depart from the run's early steps in the window
+    before the collapse, the most upstream, `CAUSAL_TIERS`; else "no known signature"; the
+    others listed as downstream) with the stabilizer docs/stabilizers.md names for each, and
+    the first critical alarm that came at least `LEAD` steps ahead; "did not learn" only when
+    neither the training reward nor the held-out EM (where evaluated) rose. Without a collapse,
+    the signatures before the first alarm are listed, not named causes."""
     collapse = next((e for e in events if e.kind == COLLAPSE), None)
     alarm = next((e for e in events if e.kind != COLLAPSE), None)
     if collapse is not None and v.censored:
@@ -205,10 +206,18 @@ def verdict(summary: Mapping[str, Any], events: Sequence[Event], v: Verdict) -> 
                 f"<p>{head}; <b>no known signature</b>: nothing in the {WINDOW} steps before it "
                 f"departs from its healthy baseline ({baseline}). {alarm_said}</p>"
             )
+        named = [f for f in present if f.mechanism in v.named]
+        below = [f for f in present if f.mechanism in v.downstream]
+        also = (
+            f" Also present, downstream of it (not named): {_findings_text(below, False)}."
+            if below
+            else ""
+        )
         return (
-            f"<p>{head}; <b>cause named</b>: {_findings_text(present, True)} (the {WINDOW} "
-            f"steps before it, {baseline}). {alarm_said}<br><b>Stabilizers</b> "
-            f"(docs/stabilizers.md): {_stabilizers_text(present)}.</p>"
+            f"<p>{head}; <b>cause named</b>: {_findings_text(named, True)} (the {WINDOW} "
+            f"steps before it, {baseline}; the most upstream signature present).{also} "
+            f"{alarm_said}<br><b>Stabilizers</b> (docs/stabilizers.md): "
+            f"{_stabilizers_text(named)}.</p>"
         )
     assert alarm is not None
     where = f"before the first alarm ({_code(alarm.kind)}, step {alarm.step})"
