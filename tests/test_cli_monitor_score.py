@@ -45,9 +45,11 @@ from llds.monitor.scoring import (
     OPTIONAL_COLUMNS,
     CorpusRun,
     Outcome,
+    logged_steps,
     parse_manifest,
     score,
     scorecard_line,
+    table,
 )
 
 STEPS = 140
@@ -265,3 +267,24 @@ def test_abrupt_and_censored_runs_leave_the_rates() -> None:
         ("mismatch+tis", 1, 1),
         ("none", 2, 0),
     ]
+
+
+def test_healthy_runs_warnings_have_their_own_rate() -> None:
+    """Warnings are counted over the usable healthy runs with their steps: 3 warnings on one
+    of two 200-step runs is 0.75 per 100 steps; the censored run's are left out."""
+    healthy = [
+        Outcome(CorpusRun("a", "none", 0, "judge", None, None), (), (), (30, 80, 150), 200),
+        Outcome(CorpusRun("b", "none", 1, "judge", None, None), (), (), (), 200),
+        Outcome(CorpusRun("c", "none", 2, "judge", None, None, censored=True), (), (), (9,), 50),
+    ]
+    card = score(healthy, "judge")
+    assert card.healthy is not None
+    assert (card.healthy.with_warning, card.healthy.warning_alarms) == (1, 3)
+    assert card.healthy.warnings_per_100_steps == pytest.approx(0.75)
+    assert "warnings on healthy runs: 1 of 2 runs, 3 alarms, 0.75 per 100 steps" in table(card)
+    assert card.false_critical_per_10_healthy == 0.0  # warnings are never false alarms
+
+
+def test_logged_steps_counts_each_step_once() -> None:
+    rows = [{"step": 1}, {"step": 2}, {"step": 2}, {"loss": 0.1}]
+    assert logged_steps(rows) == 3

@@ -20,7 +20,15 @@ from pathlib import Path
 from llds.io import atomic_write
 from llds.monitor.alarms import scan_alarms
 from llds.monitor.replay import load_monitor_config
-from llds.monitor.scoring import HEALTHY, Outcome, parse_manifest, score, scorecard_line, table
+from llds.monitor.scoring import (
+    HEALTHY,
+    Outcome,
+    logged_steps,
+    parse_manifest,
+    score,
+    scorecard_line,
+    table,
+)
 from llds.monitor.settings import MonitorConfig
 from llds.report.attribution import verdict_of
 from llds.report.sources import find_source, read_source
@@ -40,8 +48,9 @@ def judge_split(corpus: Path, split: str, monitor: MonitorConfig) -> tuple[list[
         rows = read_source(find_source(corpus / r.run))
         alarms = scan_alarms(rows, monitor)
         critical = tuple(a.step for a in alarms if a.severity == "critical")
+        warnings = tuple(a.step for a in alarms if a.severity == "warning")
         verdict = verdict_of(rows, alarms)
-        outcomes.append(Outcome(r, critical, verdict.codes))
+        outcomes.append(Outcome(r, critical, verdict.codes, warnings, logged_steps(rows)))
         if r.mechanism == HEALTHY or r.collapse_step is None:
             continue
         after = [a for a in alarms if a.severity == "critical" and a.step >= (r.cause_step or 0)]

@@ -113,7 +113,14 @@ def _score(cfg: Any, args: argparse.Namespace) -> int:
 
     from llds.errors import UserInputError
     from llds.monitor.alarms import scan_alarms
-    from llds.monitor.scoring import Outcome, parse_manifest, score, scorecard_line, table
+    from llds.monitor.scoring import (
+        Outcome,
+        logged_steps,
+        parse_manifest,
+        score,
+        scorecard_line,
+        table,
+    )
     from llds.report.attribution import verdict_of
     from llds.report.sources import find_source, read_source
 
@@ -131,7 +138,9 @@ def _score(cfg: Any, args: argparse.Namespace) -> int:
         rows = read_source(find_source(corpus / r.run))
         alarms = scan_alarms(rows, cfg.monitor)
         critical = tuple(a.step for a in alarms if a.severity == "critical")
-        outcomes.append(Outcome(r, critical, verdict_of(rows, alarms).codes))
+        warnings = tuple(a.step for a in alarms if a.severity == "warning")
+        named = verdict_of(rows, alarms).codes
+        outcomes.append(Outcome(r, critical, named, warnings, logged_steps(rows)))
     card = score(outcomes, cfg.split, cfg.lead)
     for line in table(card, cfg.lead):
         print(line)

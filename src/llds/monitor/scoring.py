@@ -111,6 +111,10 @@ class Outcome:
     run: CorpusRun
     critical: tuple[int, ...]
     named: tuple[str, ...] = ()
+    warnings: tuple[int, ...] = ()
+    """the steps of its warning alarms (reported with their own rate, never as false alarms)"""
+    steps: int = 0
+    """the steps its log holds: the denominator of the warnings' rate"""
 
     def warning_step(self) -> int | None:
         """The first critical alarm at or after the cause's onset."""
@@ -235,7 +239,17 @@ class MechanismScore:
     """runs out of every rate: the log ends too soon after a collapse to call it"""
     critical_alarms: int = 0
     """critical alarms over the usable runs"""
+    with_warning: int = 0
+    """usable runs with any warning alarm"""
+    warning_alarms: int = 0
+    """warning alarms over the usable runs"""
+    steps: int = 0
+    """logged steps over the usable runs"""
     arm: str = ""
+
+    @property
+    def warnings_per_100_steps(self) -> float | None:
+        return 100 * self.warning_alarms / self.steps if self.steps else None
 
     @property
     def usable(self) -> int:
@@ -315,6 +329,9 @@ def _group_score(
         abrupt_attributed=sum(o.attributed for o in abrupt),
         censored=len(group) - len(usable),
         critical_alarms=sum(len(o.critical) for o in usable),
+        with_warning=sum(bool(o.warnings) for o in usable),
+        warning_alarms=sum(len(o.warnings) for o in usable),
+        steps=sum(o.steps for o in usable),
         arm=arm,
     )
 
@@ -353,6 +370,17 @@ def _healthy_line(r: MechanismScore) -> str:
     )
 
 
+def _warnings_line(r: MechanismScore) -> str:
+    """The healthy runs' warnings, with their own rate: a warning asks for a look, so it is not
+    a false alarm, but a user should know how often one comes on a run that is fine."""
+    rate = r.warnings_per_100_steps
+    per = "n/a" if rate is None else f"{rate:.2f}"
+    return (
+        f"warnings on healthy runs: {r.with_warning} of {r.usable} runs, {r.warning_alarms} "
+        f"alarms, {per} per 100 steps"
+    )
+
+
 def table(card: Scorecard, lead: int = LEAD) -> list[str]:
     """The per-mechanism lines `llds monitor score` prints before the scorecard: the causes,
     the healthy runs (and their arms), the abrupt collapses apart, and what the split lacks."""
@@ -366,6 +394,7 @@ def table(card: Scorecard, lead: int = LEAD) -> list[str]:
         if r.mechanism == HEALTHY:
             lines.append(_healthy_line(r))
             lines.extend(_healthy_line(a) for a in card.healthy_arms)
+            lines.append(_warnings_line(r))
             continue
         lines.append(
             f"{r.mechanism:<18} {r.runs:>4}  {r.collapses:>9}  {r.timely:>14}  "
@@ -398,3 +427,9 @@ def scorecard_line(card: Scorecard) -> str:
         f"scorecard: timely={card.timely}/{card.collapses} "
         f"false_critical_per_10_healthy={rate} attributed={card.attributed}/{card.collapses}"
     )
+
+
+def logged_steps(rows: Sequence[Mapping[str, object]]) -> int:
+    """How many distinct steps a run's rows log (rows without a step count as one each)."""
+    steps = {row.get("step") for row in rows if row.get("step") is not None}
+    return len(steps) + sum(1 for row in rows if row.get("step") is None)
