@@ -1,14 +1,17 @@
 """A refused command line costs little before its line: the CLI, and every command's config
 (read and checked before any work), import neither torch nor transformers, and a fresh `llds`
 process that refuses its input spends well under the 3 s a bad input may cost (its CPU time,
-which other jobs on the machine barely change). Figures: benchmarks/cli_startup.py."""
+which other jobs on the machine barely change); `llds eval` names a bad data file or model
+before it indexes its corpus. Figures: benchmarks/cli_startup.py."""
 
 from __future__ import annotations
 
 import json
 import resource
+import struct
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -52,3 +55,53 @@ def test_a_fresh_process_refuses_within_the_bound(args: list[str], code: int) ->
         assert line.startswith(f"llds {args[0]}: error: command line: nosuch: unknown key")
     cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
     assert cpu < CPU_BOUND_S, f"llds {' '.join(args)} took {cpu:.2f} s of CPU"
+
+
+def _eval_inputs(root: Path) -> dict[str, Path]:
+    """What `llds eval` is given: a model directory complete but for a model type no
+    transformers knows, a question file, one that is not JSON, and a corpus no BM25 index can
+    be built from (every passage is stopwords), so that the index build, if it is reached,
+    refuses with a line of its own."""
+    model = root / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "llamma"}), encoding="utf-8")
+    (model / "tokenizer.json").write_text("{}", encoding="utf-8")
+    header = json.dumps({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}).encode()
+    (model / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + bytes(16))
+    questions = root / "test.jsonl"
+    row = {"id": "q1", "question": "Who wrote Candide?", "golden_answers": ["Voltaire"]}
+    questions.write_text(json.dumps(row) + "\n", encoding="utf-8")
+    broken = root / "broken.jsonl"
+    broken.write_text("not json\n", encoding="utf-8")
+    corpus = root / "corpus.jsonl"
+    rows = [{"id": "1", "contents": "the of and"}, {"id": "2", "contents": "a an the"}]
+    corpus.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return {"model": model, "data": questions, "broken": broken, "corpus": corpus}
+
+
+@pytest.mark.parametrize(
+    ("data", "named"),
+    [
+        ("data", "model: model directory '{model}': config.json names model_type 'llamma'"),
+        ("broken", "{broken} line 1: invalid JSON"),
+    ],
+)
+def test_eval_refuses_data_and_model_before_building_the_index(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], data: str, named: str
+) -> None:
+    """A bad data file, then a bad model, is the one line, before the retriever's corpus is
+    indexed (that build would refuse this corpus first), and nothing is written."""
+    from llds.cli import main
+
+    p = _eval_inputs(tmp_path)
+    before = sorted(tmp_path.rglob("*"))
+    out = tmp_path / "results.json"
+    args = ["eval", "--model", str(p["model"]), "--data", str(p[data])]
+    rc = main([*args, "--retriever", str(p["corpus"]), "--out", str(out)])
+    captured = capsys.readouterr()
+    assert rc == 2, captured.err
+    [line] = (captured.out + captured.err).strip().splitlines()
+    assert line.startswith("llds eval: error: "), line
+    assert named.format(**{k: str(v) for k, v in p.items()}) in line, line
+    assert "BM25" not in line
+    assert sorted(tmp_path.rglob("*")) == before  # no results, no index

@@ -23,14 +23,10 @@ def run(cfg: Any, args: argparse.Namespace) -> int:
     import dataclasses
 
     from llds.evaluation.evaluate import results_table, run_evaluation
-    from llds.models.hf import check_model_source
-    from llds.policy.lora import adapter_dir_of, base_model_path
+    from llds.policy.lora import adapter_dir_of
 
     adapter = adapter_dir_of(cfg.model)  # a LoRA checkpoint (or its adapter/): on its base
-    if adapter is None:  # its architecture (transformers, torch) after the other inputs
-        check_model_source("model", cfg.model, architecture=False)
-    else:
-        base_model_path(adapter)  # the base is there, before any work
+    if adapter is not None:  # run_evaluation checks the base, with the other inputs
         cfg = dataclasses.replace(cfg, model=str(adapter))  # the protocol is saved beside it
     protocol, source = cfg.protocol.resolve(cfg.model)
     results = run_evaluation(cfg, protocol)

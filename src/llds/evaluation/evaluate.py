@@ -100,13 +100,29 @@ def results_table(results: EvalResult) -> str:
     return "\n".join(lines)
 
 
+def check_model(model: str) -> None:
+    """The model `run_evaluation` will load, checked once, before the retriever opens (a corpus
+    file's index takes its time to build): a model directory's files and its architecture, or
+    a LoRA checkpoint's recorded base; one line naming the key. The loader then trusts it."""
+    from llds.models.hf import check_model_source
+    from llds.policy.lora import adapter_dir_of, base_model_path
+
+    adapter = adapter_dir_of(model) if model != "smollm2" else None
+    if adapter is None:
+        check_model_source("model", model)
+    else:
+        base_model_path(adapter)
+
+
 def run_evaluation(cfg: EvalConfig, protocol: Protocol | None = None) -> EvalResult:
     """Greedy evaluation of `cfg.model` on `cfg.data` with the model's saved protocol (or the
-    given one); writes `cfg.out` when set and returns the results."""
+    given one); writes `cfg.out` when set and returns the results.
+
+    The inputs are checked cheapest first, each before any slower work: the output path, the
+    data files (read and parsed), the model directory (its architecture included), and last
+    the retriever (a corpus file's index is built as it opens; a URL answers one search)."""
     from llds.data.loaders import load_many
-    from llds.models.hf import check_model_source
     from llds.policy.config import ModelConfig
-    from llds.policy.lora import adapter_dir_of
     from llds.retrieval.factory import open_answering_retriever
 
     if cfg.out and Path(cfg.out).is_dir():
@@ -116,15 +132,15 @@ def run_evaluation(cfg: EvalConfig, protocol: Protocol | None = None) -> EvalRes
 
         check_directory_target("out", Path(cfg.out).absolute().parent)
     proto = protocol or cfg.protocol.resolve(cfg.model)[0]
-    # before the model: a dead URL, or one that cannot answer at this top-k, fails fast
-    retriever = open_answering_retriever(cfg.retriever, topk=proto.topk)
     examples = load_many(cfg.data, limit=cfg.limit)
-    if adapter_dir_of(cfg.model) is None:  # its architecture last: that imports transformers
-        check_model_source("model", cfg.model)
+    check_model(cfg.model)
+    retriever = open_answering_retriever(cfg.retriever, topk=proto.topk)
     from llds.policy.setup import load_model  # torch
 
     model, tok = load_model(
-        ModelConfig(path=cfg.model, dtype=cfg.dtype, device=cfg.device), device_key="device"
+        ModelConfig(path=cfg.model, dtype=cfg.dtype, device=cfg.device),
+        device_key="device",
+        checked=True,
     )
     rollout = RolloutConfig(**proto.rollout_limits(), max_rows=cfg.batch_rows, temperature=0.0)
     template = proto.template()

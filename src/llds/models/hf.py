@@ -146,15 +146,21 @@ def safetensors_problem(file: Path) -> str | None:
     return None
 
 
-def resolve_model_source(name_or_path: str | Path, *, architecture: bool = True) -> str:
+def resolve_model_source(
+    name_or_path: str | Path, *, architecture: bool = True, checked: bool = False
+) -> str:
     """Return what `from_pretrained` should receive, or raise a UserInputError naming the input.
 
     A directory must hold a config.json. A hub id is passed through unchanged: transformers finds
     it in the local cache (and downloads only where the user's environment allows it).
+    `checked`: the caller has already checked this source (`check_model_source`), so only its
+    spelling is resolved and no file is read again.
     """
     name = str(name_or_path)
     if isinstance(name_or_path, Path) or _looks_like_path(name):
         path = Path(name).expanduser()
+        if checked:
+            return str(path)
         if not path.exists():
             raise UserInputError(f"model path {name!r} does not exist")
         if not path.is_dir():
@@ -195,17 +201,19 @@ def load_policy(
     device: str = "cpu",
     trust_remote_code: bool = False,
     local_files_only: bool | None = None,
+    checked: bool = False,
 ) -> tuple[Any, Any]:
     """Load `(model, tokenizer)` for a causal LM directory or hub id.
 
     The tokenizer pads on the left, which batched generation needs; training code that wants
     right padding sets `tokenizer.padding_side` itself. `local_files_only=None` keeps the
     Hugging Face default (which honours HF_HUB_OFFLINE); True never touches the network.
-    The model is returned in eval mode, as `from_pretrained` leaves it.
+    The model is returned in eval mode, as `from_pretrained` leaves it. `checked`: the caller
+    checked the directory before its other work (`check_model_source`); it is not read again.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    source = resolve_model_source(name_or_path)
+    source = resolve_model_source(name_or_path, checked=checked)
     torch_dtype = _torch_dtype(dtype)
     kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
     if local_files_only is not None:

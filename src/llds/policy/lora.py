@@ -207,18 +207,24 @@ def merged(model) -> Any:
     return copy.deepcopy(model).merge_and_unload()
 
 
-def load_adapted(adapter_dir: str | Path, *, dtype: str = "float32", device: str = "auto"):
+def load_adapted(
+    adapter_dir: str | Path, *, dtype: str = "float32", device: str = "auto", checked: bool = False
+):
     """`(model, tokenizer)` for inference from an adapter directory: its recorded base loaded in
     float32, checked against the record, the adapter put on and merged in, then stored in
-    `dtype` (`auto`: float32, the dtype the adapter was trained in)."""
+    `dtype` (`auto`: float32, the dtype the adapter was trained in). `checked`: the caller has
+    checked the base (`base_model_path`) before its other work; its directory is not read
+    again."""
     import torch
 
     from llds.policy.config import ModelConfig
     from llds.policy.setup import load_model
 
     adapter_dir = Path(adapter_dir)
-    base = base_model_path(adapter_dir)
-    model, tokenizer = load_model(ModelConfig(path=base, device=device), dtype="float32")
+    base = base_model_path(adapter_dir, checked=checked)
+    model, tokenizer = load_model(
+        ModelConfig(path=base, device=device), dtype="float32", checked=checked
+    )
     check_base(adapter_dir, model, tokenizer)
     peft = _peft()
     model = peft.PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
@@ -229,9 +235,10 @@ def load_adapted(adapter_dir: str | Path, *, dtype: str = "float32", device: str
     return model, tokenizer
 
 
-def base_model_path(adapter_dir: Path) -> str:
+def base_model_path(adapter_dir: Path, *, checked: bool = False) -> str:
     """The base an adapter directory names (its record's path, else peft's
-    `base_model_name_or_path`), refused in one line when it is a local path that is not here."""
+    `base_model_name_or_path`), refused in one line when it is a local path that is not here
+    (`checked`: the caller has checked it already; only the name is read)."""
     from llds.models.hf import check_model_source
 
     record = read_base_record(adapter_dir)
@@ -242,6 +249,8 @@ def base_model_path(adapter_dir: Path) -> str:
         base = config.get("base_model_name_or_path") or ""
     if not base:
         raise UserInputError(f"{adapter_dir}: names no base model ({BASE_FILE} is missing)")
+    if checked:
+        return base
     try:
         check_model_source("model.path", base)
     except UserInputError as exc:

@@ -44,6 +44,7 @@ def load_model(
     *,
     dtype: str | None = None,
     device_key: str = "model.device",
+    checked: bool = False,
 ) -> tuple[Any, Any]:
     """(model, tokenizer) from `path` (a checkpoint) or the configured model.
 
@@ -51,7 +52,8 @@ def load_model(
     whatever the compute dtype (see `llds.policy.precision`); evaluation may load bf16 directly.
     `device_key` is what an unusable device is called in the error (the caller's key or flag).
     A LoRA adapter (a checkpoint's `adapter/`, or the checkpoint) loads on its recorded base,
-    merged (`llds.policy.lora.load_adapted`).
+    merged (`llds.policy.lora.load_adapted`). `checked`: the caller has checked the model (or
+    the adapter's base) with `check_model_source` before its other work; it is not read again.
     """
     from llds.models.hf import enable_activation_checkpointing, load_policy
     from llds.policy.lora import adapter_dir_of, load_adapted
@@ -60,7 +62,7 @@ def load_model(
     adapter = adapter_dir_of(source) if source != "smollm2" else None
     if adapter is not None:
         resolve_device(cfg.device, device_key)
-        return load_adapted(adapter, dtype=dtype or cfg.dtype, device=cfg.device)
+        return load_adapted(adapter, dtype=dtype or cfg.dtype, device=cfg.device, checked=checked)
     device = str(resolve_device(cfg.device, device_key))
     storage = dtype or cfg.dtype
     if source == "smollm2":
@@ -68,7 +70,7 @@ def load_model(
 
         model, tok = load_smollm2(dtype=storage, device=device)
     else:
-        model, tok = load_policy(source, dtype=storage, device=device)
+        model, tok = load_policy(source, dtype=storage, device=device, checked=checked)
     if cfg.gradient_checkpointing:
         enable_activation_checkpointing(model)
         model.config.use_cache = True  # generation still uses the cache
