@@ -197,7 +197,7 @@ def test_llds_through_trl_loss_matches_algo_value_and_gradient(
     assert not torch.isclose(unmasked / 2, expected, rtol=1e-3)
 
     metrics = trainer._metrics["train"]
-    assert metrics["llds/active"][-1] == 1.0
+    assert metrics["llds/active"] == [1.0, 0.0]  # the pass at lambda 0.5, then at 0: off
     assert metrics["llds/loss"][0] == pytest.approx(
         float(expected) * (1 if aggregation == "token-mean" else 2), rel=1e-4
     )
@@ -489,3 +489,37 @@ def test_premb_share_parts_by_hand():
     # positive rows 0 (sum -0.1, fell, group hi), 1 (+0.3, hi), 2 (-0.5, fell, group lo)
     assert got["lld/n_pos"] == 3.0 and got["lld/share_pos_fell"] == pytest.approx(2 / 3)
     assert got["lld/share_pos_fell_acc_hi"] == 0.5 and got["lld/share_pos_fell_acc_lo"] == 1.0
+
+
+@pytest.mark.parametrize("first_update", ["zero", "computed"])
+def test_the_llds_term_follows_the_first_update_rule(tmp_path, first_update):
+    """Before the policy moved, `first_update: zero` uses pi_old = pi_theta (the term exactly 0);
+    `computed` keeps TRL's old log-probs (the authors' behaviour), the term `llds_loss` gives
+    on them; once moved, both use TRL's old log-probs."""
+    from llds.integrations.trl import trl_llds_loss
+
+    gen = torch.Generator().manual_seed(0)
+    logp = (-torch.rand(3, 5, generator=gen)).requires_grad_()
+    old = logp.detach() + 0.1 * torch.rand(3, 5, generator=gen)  # pi_theta fell below pi_old
+    inputs = {
+        "completion_mask": torch.ones(3, 5, dtype=torch.long),
+        "old_per_token_logps": old,
+        "advantages": torch.tensor([1.0, 0.5, -1.0]),
+    }
+    args = LLDSGRPOConfig(
+        output_dir=str(tmp_path),
+        llds_coef=0.5,
+        llds_first_update=first_update,
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+    )
+    expected, _ = llds_loss(
+        logp, old, inputs["advantages"], torch.ones(3, 5, dtype=torch.bool), coef=0.5
+    )
+    assert expected.item() > 0
+    before, _ = trl_llds_loss(logp, inputs, args, moved=False)
+    after, _ = trl_llds_loss(logp, inputs, args, moved=True)
+    assert after.item() == pytest.approx(expected.item())
+    want = expected.item() if first_update == "computed" else 0.0
+    assert before.item() == pytest.approx(want)

@@ -34,6 +34,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from llds.algo import LLDSConfig, action_segments, llds_term
 from llds.algo.config import engine_fields, from_engine
+from llds.algo.llds_in_force import LLDSInForce, llds_in_force
 from llds.config.algo import Gate, LLDSAggregation
 from llds.env.rewards import FormatRewardConfig, compute_reward, score_answer
 from llds.errors import ConfigError, DataFormatError
@@ -181,32 +182,37 @@ def trl_llds_loss(
     """The objective's LLDS term (`llds_term`) on the tensors of one TRL micro-batch.
 
     `per_token_logps` is `[B, C]` log pi_theta of the completion tokens (with gradient) as TRL's
-    `_compute_loss` computes it; pi_old is TRL's `old_per_token_logps` when present and the policy
-    has `moved` since, else the detached current values (then d = 0 exactly: LLDS is 0).
+    `_compute_loss` computes it; pi_old is TRL's `old_per_token_logps` when present and LLDS
+    acts on this optimizer step (the policy has `moved` since the generation, or
+    `first_update: computed`, the authors' behaviour), else the detached current values (then
+    d = 0 exactly: LLDS is 0).
     """
     mask = loss_mask_from_inputs(inputs)
+    in_force = llds_in_force_of(inputs, args.llds)
     old = inputs.get("old_per_token_logps")
-    if old is None or not moved:
+    if old is None or not in_force.acts(first_update=not moved):
         old = per_token_logps.detach()
-    settings = args.llds
-    answer_mask, answer_weight = None, 1.0
-    if settings.mask_answer and inputs.get(ANSWER_MASK_KEY) is not None:
-        answer_mask = inputs[ANSWER_MASK_KEY]
-        given = inputs.get(ANSWER_WEIGHT_KEY)  # the generation batch's (`answer_weight_for`)
-        if given is not None and given.numel():
-            answer_weight = float(given.reshape(-1)[0])
-        else:
-            answer_weight = settings.answer_weight_for(None)
+    answer_mask = inputs.get(ANSWER_MASK_KEY) if in_force.masks_answer else None
     return llds_term(
         per_token_logps,
         old,
         inputs["advantages"],
         mask,
-        settings,
+        in_force.settings,
         answer_mask=answer_mask,
-        answer_weight=answer_weight,
+        answer_weight=in_force.answer_weight,
         num_tokens=num_tokens,
     )
+
+
+def llds_in_force_of(inputs: Mapping[str, Any], settings: LLDSConfig) -> LLDSInForce:
+    """The LLDS a TRL micro-batch applies (`llds.algo.llds_in_force`, as in the native
+    trainer): LLDS-MA's beta is the generation batch's, carried in its inputs
+    (`answer_weight_for` of its searches), else the schedule's without known searches."""
+    given = inputs.get(ANSWER_WEIGHT_KEY)
+    if LLDSInForce(settings).masks_answer and given is not None and given.numel():
+        return LLDSInForce(settings, float(given.reshape(-1)[0]))
+    return llds_in_force(settings)
 
 
 class LLDSGRPOTrainer(GRPOTrainer):
@@ -316,17 +322,12 @@ class LLDSGRPOTrainer(GRPOTrainer):
         self._log_llds(mode, term, stats, per_token_logps, inputs)
         return loss + term
 
-    def _policy_moved(self, inputs: Mapping[str, Any]) -> bool:
-        """Whether an optimizer step was taken since this batch's pi_old was computed (when
-        unknown, as for inputs built by hand, assume it was)."""
-        if self.args.llds.first_update == "computed" or inputs.get(GENERATED_AT_KEY) is None:
-            return True
-        return self.state.global_step > int(inputs[GENERATED_AT_KEY].reshape(-1)[0])
-
     def _stepped_since_generation(self, inputs: Mapping[str, Any]) -> bool:
-        """Whether an optimizer step was taken since pi_old was computed: on the generation
-        batch's first step pi == pi_old, and its displacement is not measured (0 is not a
-        measurement, and counting a tie as a fall would read 100%)."""
+        """Whether an optimizer step was taken since pi_old was computed (when unknown, as for
+        inputs built by hand, assume it was): on the generation batch's first step pi == pi_old,
+        so LLDS acts there only under `first_update: computed` (`LLDSInForce.acts`), and the
+        displacement is not measured (0 is not a measurement, and counting a tie as a fall
+        would read 100%)."""
         at = inputs.get(GENERATED_AT_KEY)
         return at is None or self.state.global_step > int(at.reshape(-1)[0])
 
@@ -335,7 +336,7 @@ class LLDSGRPOTrainer(GRPOTrainer):
     ) -> tuple[Tensor, dict[str, Tensor]]:
         """The LLDS term scaled for gradient accumulation the way TRL scales its own losses."""
         a = self.args
-        moved = self._policy_moved(inputs)
+        moved = self._stepped_since_generation(inputs)
         accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1
         if a.llds.aggregation == "token-mean":
             # Same normalizer as TRL's 'dapo' loss: model tokens of one accumulation window.
@@ -356,7 +357,10 @@ class LLDSGRPOTrainer(GRPOTrainer):
         inputs: Mapping[str, Any],
     ) -> None:
         metrics = self._metrics[mode]
-        acts = inputs.get("old_per_token_logps") is not None and self._policy_moved(inputs)
+        first_update = not self._stepped_since_generation(inputs)
+        acts = inputs.get("old_per_token_logps") is not None and LLDSInForce(self.args.llds).acts(
+            first_update
+        )
         local = {k: v.detach().float() for k, v in stats.items()}
         local["llds/active"] = torch.tensor(float(acts), device=per_token_logps.device)
         for name in sorted(local):  # same order on every rank: gather is collective
