@@ -177,3 +177,24 @@ def test_a_finite_model_still_loads(inputs):  # noqa: F811
     with torch.no_grad():
         next(model.parameters()).view(-1)[0] = float("-inf")
     assert "1 Inf of" in nonfinite_weight(model)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_the_weight_scan_counts_nan_and_inf_in_every_float_dtype(tmp_path, dtype):
+    """Read from the file's bytes before anything loads: NaN and Inf told apart, as torch counts
+    them, in every float dtype; finite extremes (the largest value, -0.0) are not flagged."""
+    from llds.models.hf import safetensors_nonfinite
+
+    info = torch.finfo(dtype)
+    values = torch.tensor([1.0, info.max, -info.max, -0.0, info.tiny], dtype=dtype)
+    ints = torch.arange(4, dtype=torch.int32)  # integer tensors are not scanned
+    save_file({"a": values, "b": ints}, tmp_path / "ok.safetensors")
+    assert safetensors_nonfinite(tmp_path / "ok.safetensors") is None
+    bad = values.clone().repeat(3)
+    bad[[1, 4, 9]] = torch.tensor([float("nan"), float("inf"), float("-inf")], dtype=dtype)
+    save_file({"a": values, "z.weight": bad}, tmp_path / "bad.safetensors")
+    said = safetensors_nonfinite(tmp_path / "bad.safetensors")
+    assert said is not None
+    assert (
+        f"(z.weight: {int(bad.isnan().sum())} NaN and {int(bad.isinf().sum())} Inf of 15 " in said
+    )

@@ -119,11 +119,12 @@ def run_evaluation(cfg: EvalConfig, protocol: Protocol | None = None) -> EvalRes
     given one); writes `cfg.out` when set and returns the results.
 
     The inputs are checked cheapest first, each before any slower work: the output path, the
-    data files (read and parsed), the model directory (its architecture included), and last
-    the retriever (a corpus file's index is built as it opens; a URL answers one search)."""
+    data files (read and parsed), a retriever URL (one search, no torch), the model directory
+    (its architecture included: transformers is imported), and last a corpus file's retriever
+    (its index is built as it opens)."""
     from llds.data.loaders import load_many
     from llds.policy.config import ModelConfig
-    from llds.retrieval.factory import open_answering_retriever
+    from llds.retrieval.factory import is_url, open_answering_retriever
 
     if cfg.out and Path(cfg.out).is_dir():
         raise ConfigError(f"out: {cfg.out} is a directory; give the path of a results .json file")
@@ -133,8 +134,11 @@ def run_evaluation(cfg: EvalConfig, protocol: Protocol | None = None) -> EvalRes
         check_directory_target("out", Path(cfg.out).absolute().parent)
     proto = protocol or cfg.protocol.resolve(cfg.model)[0]
     examples = load_many(cfg.data, limit=cfg.limit)
+    served = is_url(cfg.retriever)
+    retriever = open_answering_retriever(cfg.retriever, topk=proto.topk) if served else None
     check_model(cfg.model)
-    retriever = open_answering_retriever(cfg.retriever, topk=proto.topk)
+    if retriever is None:
+        retriever = open_answering_retriever(cfg.retriever, topk=proto.topk)
     from llds.policy.setup import load_model  # torch
 
     model, tok = load_model(

@@ -63,7 +63,7 @@ def check_model_directory(path: Path, name: str, *, architecture: bool = True) -
             f"model directory {name!r} has no weights (model.safetensors or pytorch_model.bin)"
         )
     for file in safetensors:
-        problem = safetensors_problem(file)
+        problem = safetensors_problem(file) or safetensors_nonfinite(file)
         if problem:
             raise UserInputError(f"model directory {name!r}: {file.name} {problem}")
     config_problem(path / "config.json", name, architecture=architecture)
@@ -143,6 +143,50 @@ def safetensors_problem(file: Path) -> str | None:
     need = 8 + n + max(ends, default=0)
     if need > size:
         return f"is truncated: its tensors need {need} bytes, the file has {size}; copy it again"
+    return None
+
+
+FLOAT_BITS: dict[str, tuple[str, int, int]] = {
+    "F16": ("<u2", 0x7C00, 0x03FF),
+    "BF16": ("<u2", 0x7F80, 0x007F),
+    "F32": ("<u4", 0x7F800000, 0x007FFFFF),
+    "F64": ("<u8", 0x7FF0000000000000, 0x000FFFFFFFFFFFFF),
+}
+"""Each safetensors float dtype's bits as an unsigned integer, its exponent mask and its
+mantissa mask: a value is not finite exactly when its exponent bits are all ones (IEEE 754), a
+NaN when its mantissa is then not zero, else an infinity; so the check reads the raw bytes with
+numpy and needs neither torch nor a bfloat16 type."""
+
+
+def safetensors_nonfinite(file: Path) -> str | None:
+    """The first tensor of a safetensors file (whose header `safetensors_problem` accepted)
+    holding a NaN or an infinity, described as `nonfinite_weight` describes a loaded one, else
+    None: read before any model loads, so a damaged checkpoint is named in a second, not after
+    transformers has built the model."""
+    import json
+    import struct
+
+    import numpy as np
+
+    with file.open("rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+    data = np.memmap(file, dtype=np.uint8, mode="r", offset=8 + n)
+    for key, t in header.items():
+        if key == "__metadata__" or t.get("dtype") not in FLOAT_BITS:
+            continue
+        kind, exponent, mantissa = FLOAT_BITS[t["dtype"]]
+        start, end = t["data_offsets"]
+        bits = data[start:end].view(kind)
+        special = bits[(bits & exponent) == exponent]
+        if special.size:
+            nan = int(np.count_nonzero(special & mantissa))
+            inf = special.size - nan
+            kinds = " and ".join(f"{c} {what}" for c, what in ((nan, "NaN"), (inf, "Inf")) if c)
+            return (
+                f"is damaged: its weights are not finite ({key}: {kinds} of {bits.size} "
+                "values); a diverged run? use an earlier checkpoint"
+            )
     return None
 
 
