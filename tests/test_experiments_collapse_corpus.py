@@ -309,3 +309,71 @@ def test_the_lld_runs_are_the_protocols(capsys):
     assert sorted({r["seed"] for r in seen["b--setting"]}) == list(range(8))
     coef = {r["arm"]: r["config"]["algo"]["llds"]["coef"] for r in seen["b--setting"]}
     assert (coef["lam0.6"], coef["lam2"]) == (0.6, 2.0)
+
+
+def _lld_log(run_dir: Path, fall: int | None, steps: int = 80, fell: float = 0.25) -> None:
+    """A committed lld log: reward 0.8 (falling to 0.1 from step `fall`), 4 pushed-up responses
+    a step of which a share `fell` lost likelihood, entropy 0.5, gradient norm = step."""
+    rows = [
+        {
+            "step": s,
+            "reward/mean": 0.1 if fall is not None and s >= fall else 0.8,
+            "lld/frac_pos_fell": fell,
+            "lld/pos_responses": 4.0,
+            "policy/entropy": 0.5,
+            "policy/grad_norm": float(s),
+        }
+        for s in range(1, steps + 1)
+    ]
+    run_dir.mkdir(parents=True)
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    (run_dir / "metrics.jsonl.gz").write_bytes(gzip.compress(text.encode()))
+
+
+def test_the_lld_tables_follow_the_protocol(tmp_path):
+    """The pilot's rule, the manifest rows, Fisher's test and the death spiral's windows, on
+    logs built by hand (collapse rule: the 10-step median at or below half its peak to the end,
+    so a fall at step f collapses at f + 5)."""
+    C = _load("lld_collect")
+    res = tmp_path / "setting_b"
+    _lld_log(res / "runs" / "lam0" / "seed0", fall=40)
+    _lld_log(res / "runs" / "lam0" / "seed5", fall=20)
+    _lld_log(res / "runs" / "lam0.6" / "seed0", fall=None, fell=0.5)
+    _lld_log(res / "runs" / "lam0.6" / "seed5", fall=None, steps=40)  # still running
+    runs = C.read_runs(tmp_path, res, steps=80)
+    by = {(r.arm, r.seed): r for r in runs}
+    assert by["lam0", 0].collapse == 45 and by["lam0", 0].collapsed and not by["lam0", 0].abrupt
+    assert by["lam0", 5].collapse == 25 and by["lam0", 5].abrupt  # 24 steps after the onset
+    assert not by["lam0.6", 0].collapsed and not by["lam0.6", 5].finished
+    rows = C.manifest_rows(runs, {"lam0": "lld", "lam0.6": "lld+llds"})
+    assert [(r["run"], r["split"], r["collapse_step"], r["cause_step"]) for r in rows] == [
+        ("setting_b/runs/lam0/seed0", "tune", "45", "1"),
+        ("setting_b/runs/lam0/seed5", "judge", "25", "1"),
+        ("setting_b/runs/lam0.6/seed0", "tune", "", "1"),
+    ]
+    table = C.collapses_per_arm(runs, ["lam0", "lam0.6"])
+    assert table["lam0"] == {"runs": 2, "collapsed": 2}
+    # 2 of 2 against 0 of 1: the two-sided Fisher p is 1/3 (hypergeometric, by hand)
+    assert table["lam0.6"]["fisher_p_vs_grpo"] == pytest.approx(1 / 3)
+    assert table["lam0.6"]["prevents"] is False
+    spiral = C.death_spiral(tmp_path, runs)
+    first = spiral[0]
+    assert (first["seed"], first["collapse"]) == (0, 45)
+    w = first["20 before"]  # steps 25-44
+    assert w["grpo"]["policy/grad_norm"] == pytest.approx(sum(range(25, 45)) / 20)
+    assert w["grpo"]["lld_share_pooled"] == pytest.approx(0.25)
+    assert w["llds_arms_same_seed"]["lld_share_pooled"] == pytest.approx(0.5)
+    assert w["runs_not_collapsed"]["lld_share_pooled"] == pytest.approx(0.5)
+    assert first["50 before"]["grpo"]["policy/grad_norm"] == pytest.approx(sum(range(1, 45)) / 44)
+
+
+def test_the_lld_pilot_rule_takes_the_first_setting_that_kills_every_seed(tmp_path):
+    C = _load("lld_collect")
+    for setting, falls in (("a", (None, 20)), ("b", (20, 20))):
+        for seed, fall in zip((100, 101), falls, strict=True):
+            _lld_log(tmp_path / setting / "runs" / "lam0" / f"seed{seed}", fall=fall)
+    pilot = {s: C.read_runs(tmp_path, tmp_path / s, steps=80) for s in ("a", "b")}
+    assert C.setting_choice(pilot, ["a", "b"])["setting"] == "b"  # (a) killed one seed only
+    assert C.setting_choice({"a": pilot["a"]}, ["a"])["setting"] == "a"  # ... the first with one
+    unfinished = {"a": C.read_runs(tmp_path, tmp_path / "a", steps=100)}
+    assert C.setting_choice(unfinished, ["a", "b"])["setting"] is None

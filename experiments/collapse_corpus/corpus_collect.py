@@ -385,6 +385,14 @@ def pilot_markdown(outcomes: list[RunOutcome], choice: dict[str, dict]) -> str:
 
 
 # ------------------------------------------------------------------ the command
+def lld_manifest_rows() -> list[dict[str, str]]:
+    """The `lld` mechanism's finished runs at the setting its pilot chose (none before)."""
+    import lld  # the theorem world's runs (lld.py), made by the LLDS-strength driver
+    import lld_collect
+
+    return lld_collect.manifest_rows(lld.arm_runs(), lld.MECHANISM)
+
+
 def _write(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text, encoding="utf-8")
@@ -408,7 +416,7 @@ def collect() -> None:
     if runs_root.is_dir() and any(p.name != "pilot" for p in runs_root.iterdir()):
         outcomes = corpus_outcomes(runs_root)
         signals = signal_table(runs_root, outcomes)
-        rows = manifest_rows(outcomes)
+        rows = manifest_rows(outcomes) + lld_manifest_rows()
         tmp = S.HERE / "manifest.csv.tmp"
         with tmp.open("w", newline="", encoding="utf-8") as f:
             w = csv.DictWriter(f, fieldnames=MANIFEST_COLUMNS)

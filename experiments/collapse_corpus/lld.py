@@ -6,6 +6,7 @@ GRPO on the theorem world, its pilot and then its arms, resumable across machine
     python experiments/collapse_corpus/lld.py --setting b --parallel 2 # the arms, seeds 0-7
     python experiments/collapse_corpus/lld.py ... --dry-run            # each run's config
     python experiments/collapse_corpus/lld.py ... --park               # archive, to commit
+    python experiments/collapse_corpus/lld.py --tables                 # pilot.md, summary.md
 
 The runs are the LLDS-strength confirmation's part B (its warm start, recipe and micro-batch
 budgets) with the pilot's setting on top, so they are driven by that study's driver
@@ -18,10 +19,14 @@ newest checkpoint under `lld/.../parked/` to commit.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: the studies' modules
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import lld_collect as C
+from llds.io import atomic_write
 from llds_strength.run import driver_arguments, execute, ordered_runs, plan
 
 HERE = Path(__file__).resolve().parent
@@ -60,6 +65,52 @@ def overrides(setting: str) -> list[str]:
     return [f"steps={STEPS}", *BUDGETS, *PREFIX_SHARING, *SETTINGS[setting], *SECOND_VIEW]
 
 
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_write(path, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def chosen_setting() -> str | None:
+    """The pilot's choice as `--tables` recorded it (None before it is made)."""
+    path = HERE / "lld" / "pilot.json"
+    return (
+        json.loads(path.read_text(encoding="utf-8"))["choice"]["setting"]
+        if path.is_file()
+        else None
+    )
+
+
+def arm_runs() -> list[C.LLDRun]:
+    """The arms' runs at the chosen setting (none before the pilot chose one)."""
+    setting = chosen_setting()
+    return C.read_runs(HERE, folders(None, setting)[1], STEPS) if setting else []
+
+
+def tables() -> None:
+    """The pilot's table and choice, then (once chosen) the arms' summary, from the logs."""
+    pilot = {
+        name: C.read_runs(HERE, folders(name, name)[1], STEPS)
+        for name in SETTINGS
+        if folders(name, name)[1].is_dir()
+    }
+    choice = C.setting_choice(pilot, list(SETTINGS))
+    data = {"choice": choice, "runs": {k: C.as_json(v) for k, v in pilot.items()}}
+    _write(HERE / "lld" / "pilot.json", json.dumps(data, indent=1) + "\n")
+    _write(HERE / "lld" / "pilot.md", C.pilot_markdown(pilot, choice))
+    print(C.pilot_markdown(pilot, choice))
+    runs = arm_runs()
+    if not runs:
+        return
+    table, spiral = C.collapses_per_arm(runs, ARMS), C.death_spiral(HERE, runs)
+    summary = {"setting": choice["setting"], "arms": table, "death_spiral": spiral}
+    _write(
+        HERE / "lld" / "summary.json",
+        json.dumps({**summary, "runs": C.as_json(runs)}, indent=1) + "\n",
+    )
+    _write(HERE / "lld" / "summary.md", C.summary_markdown(runs, table, spiral))
+
+
 def _which_runs(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--pilot", choices=sorted(SETTINGS), default=None, help="a pilot setting")
     p.add_argument(
@@ -69,6 +120,11 @@ def _which_runs(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv == ["--tables"]:
+        tables()
+        return
     # which runs decides the folders' and seeds' defaults, so it is read first
     known, _ = _which_runs(argparse.ArgumentParser(add_help=False)).parse_known_args(argv)
     setting = known.pilot or known.setting
