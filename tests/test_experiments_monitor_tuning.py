@@ -217,6 +217,8 @@ def test_the_frozen_file_loads_as_monitor_settings(tmp_path) -> None:
         registered = detector_spec(name).severity
         want = "warning" if registered == "critical" else None
         assert getattr(cfg.alarms, name).severity == want, name
+    # not chosen: at the protocol's defaults, not at the library's (frozen since)
+    assert cfg.alarms.entropy_drift.high == 2.0 and cfg.alarms.lr_divergence.grad_growth == 2.0
 
 
 def test_one_replay_per_grid_position_equals_each_detector_alone() -> None:

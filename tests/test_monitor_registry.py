@@ -10,6 +10,7 @@ steps. A series at `a` for steps 1-40 and at `b` from step 41 on: the first wind
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,10 +20,12 @@ from llds.errors import ConfigError
 from llds.monitor import MECHANISMS, DetectorSettings, Firing, register_detector
 from llds.monitor.alarms import ACTIONABLE_KINDS, ALARM_KINDS, SEVERITY, AlarmMonitor, scan_alarms
 from llds.monitor.baseline import Comparison, EarlyWindow
-from llds.monitor.registry import detector_spec, registered_detectors
-from llds.monitor.replay import monitor_config_from
-from llds.monitor.settings import AlarmsConfig, MonitorConfig
+from llds.monitor.registry import detector_spec, registered_detectors, severity_of
+from llds.monitor.replay import load_monitor_config, monitor_config_from
+from llds.monitor.settings import AlarmsConfig, MonitorConfig, configured_detectors
 from llds.train.config import TrainConfig
+
+FROZEN = Path(__file__).resolve().parents[1] / "experiments" / "monitor_tuning" / "frozen.yaml"
 
 
 def step_rows(n: int, **series: Any) -> list[dict[str, Any]]:
@@ -59,8 +62,36 @@ def test_every_built_in_is_declared_once_and_has_its_section() -> None:
         assert f.name in {s.name for s in registered_detectors()}
     actionable = {"displacement_decay", "likelihood_decay", "collapse", "reward_collapse"}
     assert actionable == ACTIONABLE_KINDS
-    new = ("sampler_mismatch", "void_turns", "entropy_drift", "lr_divergence", "reward_fall")
-    assert all(SEVERITY[k] == "warning" for k in new)  # critical only after tuning
+    # critical: the three the collapse corpus's tune split chose (frozen.yaml); stagnation info
+    critical = {"search_decline", "entropy_drift", "lr_divergence"}
+    assert {k for k, s in SEVERITY.items() if s == "critical"} == critical
+    assert {k for k, s in SEVERITY.items() if s == "info"} == {"stagnation"}
+
+
+def resolved(config: MonitorConfig) -> dict[str, Any]:
+    """Every setting of `config`, each detector's severity the one in force."""
+    out = dataclasses.asdict(config)
+    for spec, settings in configured_detectors(config):
+        section = out["alarms"] if spec.name in ALARM_KINDS else out["extra_alarms"]
+        section[spec.name] = {
+            **dataclasses.asdict(settings),
+            "severity": severity_of(spec, settings),
+        }
+    return out
+
+
+def test_the_defaults_are_the_settings_frozen_on_the_tune_split() -> None:
+    """A run that sets nothing runs with frozen.yaml's settings (PROTOCOL.md: the library's
+    defaults become the frozen settings after the freeze commit): every detector's switch,
+    thresholds and severity, the phase detector's and re-arming's."""
+    frozen = load_monitor_config(FROZEN)
+    assert frozen.alarms.entropy_drift.high == 3.0  # the file is read, not the defaults
+    assert frozen.alarms.collapse.severity == "warning"
+    defaults = resolved(MonitorConfig())
+    assert resolved(frozen) == defaults
+    assert defaults["alarms"]["lr_divergence"]["grad_growth"] == 1.5
+    assert defaults["alarms"]["displacement_decay"]["severity"] == "warning"
+    assert defaults["alarms"]["search_decline"]["severity"] == "critical"
 
 
 def test_the_run_config_holds_every_detector_setting() -> None:
@@ -160,14 +191,14 @@ def test_a_detectors_severity_is_set_from_the_config_and_changes_nothing_else() 
     )
     registered = scan_alarms(rows)
     drift = [a for a in registered if a.kind == "entropy_drift"]
-    assert drift and {a.severity for a in drift} == {SEVERITY["entropy_drift"]} == {"warning"}
-    cfg = monitor_config_from({"alarms": {"entropy_drift": {"severity": "critical"}}}, "t.yaml")
+    assert drift and {a.severity for a in drift} == {SEVERITY["entropy_drift"]} == {"critical"}
+    cfg = monitor_config_from({"alarms": {"entropy_drift": {"severity": "warning"}}}, "t.yaml")
     raised = scan_alarms(rows, cfg)
     assert [(a.step, a.kind, a.message) for a in raised] == [
         (a.step, a.kind, a.message) for a in registered
     ]
     assert [a.severity for a in raised] == [
-        "critical" if a.kind == "entropy_drift" else a.severity for a in registered
+        "warning" if a.kind == "entropy_drift" else a.severity for a in registered
     ]
     with pytest.raises(ConfigError, match=r"monitor\.alarms\.entropy_drift\.severity"):
         monitor_config_from({"alarms": {"entropy_drift": {"severity": "loud"}}}, "t.yaml")
@@ -214,16 +245,25 @@ def test_void_turns_needs_a_doubling_and_a_tenth_more() -> None:
 def test_entropy_drift_fires_on_a_collapse_and_on_a_blow_up() -> None:
     (down,) = only("entropy_drift", step_rows(80, policy__entropy=switch(1.0, 0.2)))
     assert down.step == 46 and down.message.startswith("entropy collapsed")  # 0.6 at 45
-    (up,) = only("entropy_drift", step_rows(80, policy__entropy=switch(1.0, 2.5)))
-    assert up.step == 46 and up.message.startswith("entropy blew up")  # 1.75 at 45
+    (up,) = only("entropy_drift", step_rows(80, policy__entropy=switch(1.0, 3.5)))
+    assert up.step == 46 and up.message.startswith("entropy blew up")  # 2.25 at 45
+    # 2.5x is below the default `high` (3, chosen on the tune split), above the old one (2)
+    assert only("entropy_drift", step_rows(80, policy__entropy=switch(1.0, 2.5))) == []
+    (old,) = only("entropy_drift", step_rows(80, policy__entropy=switch(1.0, 2.5)), high=2.0)
+    assert old.step == 46  # 1.75 at 45
     assert only("entropy_drift", step_rows(80, policy__entropy=switch(1.0, 0.2)), low=0.1) == []
 
 
 def test_lr_divergence_needs_the_learning_rate_to_rise() -> None:
     lr, grad = switch(1e-6, 3e-6), switch(1.0, 3.0)
-    # at 45: lr median 2e-6 (x2 >= 1.5), grad median 2.0 (x2 >= 2)
+    # at 45: lr median 2e-6 (x2 >= 1.5), grad median 2.0 (x2 >= 1.5); at 44 both still x1
     (a,) = only("lr_divergence", step_rows(80, lr=lr, policy__grad_norm=grad))
     assert a.step == 45 and a.mechanism == "lr" and a.evidence["lr_ratio"] == pytest.approx(2.0)
+    # a gradient norm grown 1.8x: over the default `grad_growth` (1.5, chosen on the tune
+    # split) from step 46 (median 1.4 at 45), under the old one (2)
+    slow = step_rows(80, lr=lr, policy__grad_norm=switch(1.0, 1.8))
+    assert [a.step for a in only("lr_divergence", slow)] == [46]
+    assert only("lr_divergence", slow, grad_growth=2.0) == []
     # the same gradient growth at a constant learning rate (a death spiral's) is not this
     assert only("lr_divergence", step_rows(80, lr=1e-6, policy__grad_norm=grad)) == []
     # without a logged learning rate it cannot tell, and does not fire

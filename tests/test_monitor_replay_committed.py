@@ -7,7 +7,10 @@ message, evidence), and in every log the per-step `alarms/count` the trainer wro
 the number of alarms the replay raises at that step. Runs recorded before `search_decline`
 existed match with that one detector left out, and then hold no `search_decline` alarm. A run
 that saved its own monitor settings (its `config.json` has a `monitor` section, as the collapse
-corpus's runs do) is replayed with those, as `llds monitor replay` replays it.
+corpus's runs do) is replayed with those, as `llds monitor replay` replays it. Every committed
+run trained before the library's defaults became the settings frozen on the collapse corpus
+(`experiments/monitor_tuning/frozen.yaml`), so what a run left unset is replayed at the
+defaults it trained with (`TRAINED_WITH`).
 """
 
 from __future__ import annotations
@@ -39,13 +42,31 @@ STUDY_DETECTORS = (
 )
 """The detectors the committed runs were trained with (`search_decline` the latest of them)."""
 LATEST = "search_decline"
+TRAINED_WITH: dict[str, dict[str, Any]] = {
+    "displacement_decay": {"severity": "critical"},
+    "collapse": {"severity": "critical"},
+    "reward_collapse": {"severity": "critical"},
+    "search_decline": {"severity": "warning"},
+    "entropy_drift": {"severity": "warning", "high": 2.0},
+    "lr_divergence": {"severity": "warning", "grad_growth": 2.0},
+}
+"""The library's defaults before the freeze, where the frozen settings moved them: what the
+committed runs trained with wherever their saved settings leave a key unset."""
+
+
+def as_trained(section: dict[str, Any]) -> dict[str, Any]:
+    """A saved `monitor` section with every key it leaves unset (absent or null) at the
+    defaults the run trained with."""
+    alarms = dict(section.get("alarms", {}))
+    for name, then in TRAINED_WITH.items():
+        saved = {k: v for k, v in alarms.get(name, {}).items() if v is not None}
+        alarms[name] = {**then, **saved}
+    return {**section, "alarms": alarms}
 
 
 def study_config() -> MonitorConfig:
-    cfg = MonitorConfig()
-    for kind in ALARM_KINDS:
-        getattr(cfg.alarms, kind).enabled = kind in STUDY_DETECTORS
-    return cfg
+    alarms = {kind: {"enabled": kind in STUDY_DETECTORS} for kind in ALARM_KINDS}
+    return monitor_config_from(as_trained({"alarms": alarms}), "the studies' detectors")
 
 
 def settings_of(run_dir: Path) -> MonitorConfig:
@@ -54,7 +75,7 @@ def settings_of(run_dir: Path) -> MonitorConfig:
     if saved.is_file():
         section = json.loads(saved.read_text(encoding="utf-8")).get("monitor")
         if section is not None:
-            return monitor_config_from(section, str(saved))
+            return monitor_config_from(as_trained(section), str(saved))
     return study_config()
 
 

@@ -45,7 +45,15 @@ GRID: dict[str, tuple[Setting, ...]] = {
     "reward_fall": ({}, {"fall": 0.3}, {"fall": 0.7}),
 }
 """The protocol's 29 cells, by detector in the registry's order, each detector's defaults first
-(`{}`); `stagnation` (info) is not a candidate."""
+(`{}`: the defaults when the protocol was written, `PROTOCOL_DEFAULTS`); `stagnation` (info) is
+not a candidate."""
+PROTOCOL_DEFAULTS: dict[str, Setting] = {
+    "entropy_drift": {"high": 2.0},
+    "lr_divergence": {"grad_growth": 2.0},
+}
+"""The library's defaults when the protocol was written, where the freeze has moved them since
+(the library's defaults are frozen.yaml's now): every cell of these detectors starts from them,
+so that the grid stays the protocol's and replaying it reproduces the committed choice."""
 
 
 @dataclass(frozen=True, order=True)
@@ -63,7 +71,7 @@ class Cell:
 
     def as_settings(self) -> dict[str, Any]:
         """The detector's section under `monitor.alarms.<name>` for this cell."""
-        return {"enabled": True, **dict(self.overrides)}
+        return {"enabled": True, **PROTOCOL_DEFAULTS.get(self.detector, {}), **dict(self.overrides)}
 
 
 def cells_of(grid: Grid) -> list[Cell]:

@@ -33,7 +33,14 @@ from llds.monitor.settings import BUILT_IN_ALARMS
 from llds.report.attribution import verdict_of
 from llds.report.sources import find_source, read_source
 from monitor_tuning.choice import SPLIT, Choice, Figures, ReplayedRun, choose
-from monitor_tuning.grid import GRID, Grid, cells_of, monitor_section, replay_cells
+from monitor_tuning.grid import (
+    GRID,
+    PROTOCOL_DEFAULTS,
+    Grid,
+    cells_of,
+    monitor_section,
+    replay_cells,
+)
 
 HERE = Path(__file__).resolve().parent
 CORPUS = HERE.parent / "collapse_corpus"
@@ -289,10 +296,16 @@ def with_severities(section: dict[str, Any], choice: Choice) -> dict[str, Any]:
 
 def frozen_yaml(choice: Choice, status: str) -> str:
     """The chosen settings as a `monitor:` section the config system loads, and the critical
-    set in its header."""
+    set in its header; a detector not chosen keeps the protocol's defaults (`PROTOCOL_DEFAULTS`
+    where the library's have moved since)."""
     import yaml
 
-    section = with_severities(monitor_section(choice.chosen.cells, disable_others=False), choice)
+    section = monitor_section(choice.chosen.cells, disable_others=False)
+    chosen = {c.detector for c in choice.chosen.cells}
+    for name, setting in PROTOCOL_DEFAULTS.items():  # the rest keep the protocol's defaults
+        if name not in chosen:
+            section["alarms"].setdefault(name, {}).update(setting)
+    section = with_severities(section, choice)
     body = yaml.safe_dump({"monitor": section}, sort_keys=True)
     critical = ", ".join(c.detector for c in choice.chosen.cells) or "none"
     head = [

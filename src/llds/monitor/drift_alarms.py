@@ -6,8 +6,10 @@ Each compares a recent window with the run's own early steps (`llds.monitor.base
 an absolute level separates worlds rather than states of one run: a mismatch's KL, a void-turn
 share or an entropy differs by an order of magnitude between a tiny organism and a real model.
 They read only logged metrics. Their thresholds are round values chosen before any collapse
-corpus existed (the attribution rules' where one exists), not tuned; hence warnings, not
-critical alarms, until the corpus says which predict a collapse.
+corpus existed (the attribution rules' where one exists), but for the two that the collapse
+corpus's tune split chose (`experiments/monitor_tuning/frozen.yaml`): `entropy_drift.high` and
+`lr_divergence.grad_growth`. Those two detectors are critical, chosen there (with
+`search_decline`) as the alarms that predicted collapses; the other three stay warnings.
 """
 
 from __future__ import annotations
@@ -179,13 +181,15 @@ class EntropyDriftSettings(DriftSettings):
     low: float = Field(default=0.25, gt=0, lt=1)
     """fires at a window median at most this share of the early median: healthy runs sharpen
     their policy, so only a fall to a quarter counts"""
-    high: float = Field(default=2.0, gt=1)
-    """or at least this multiple of it (the attribution's blow-up factor)"""
+    high: float = Field(default=3.0, gt=1)
+    """or at least this multiple of it. Chosen on the collapse corpus's tune split
+    (experiments/monitor_tuning/): the setting that warned a collapse in time with no healthy
+    run alarmed (2, the attribution's blow-up factor, before: one healthy run alarmed)"""
 
 
 @register_detector(
     "entropy_drift",
-    severity="warning",
+    severity="critical",
     mechanism="entropy",
     settings=EntropyDriftSettings,
     describe=lambda s, p: (
@@ -229,9 +233,10 @@ class LRDivergenceSettings(DriftSettings):
 
     lr_rise: float = Field(default=1.5, gt=1)
     """the learning rate's window median at least this multiple of its early median"""
-    grad_growth: float = Field(default=2.0, gt=1)
+    grad_growth: float = Field(default=1.5, gt=1)
     """fires when the gradient norm's window median is at least this multiple of its early
-    median ..."""
+    median (chosen on the collapse corpus's tune split, experiments/monitor_tuning/: 2, a
+    doubling, before, warned no collapse in time there) ..."""
     update_excess: float = Field(default=1.5, gt=1)
     """... or the update size (`optim/update_ratio`) grew this much more than the learning
     rate did (an Adam step scales with the learning rate; growing faster, the optimizer's
@@ -240,7 +245,7 @@ class LRDivergenceSettings(DriftSettings):
 
 @register_detector(
     "lr_divergence",
-    severity="warning",
+    severity="critical",
     mechanism="lr",
     settings=LRDivergenceSettings,
     describe=lambda s, p: (

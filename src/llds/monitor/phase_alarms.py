@@ -61,7 +61,7 @@ class DisplacementDecaySettings(DetectorSettings):
 
 @register_detector(
     "displacement_decay",
-    severity="critical",
+    severity="warning",
     mechanism="lld",
     actionable=True,
     settings=DisplacementDecaySettings,
@@ -161,7 +161,7 @@ class CollapseSettings(DetectorSettings):
 
 @register_detector(
     "collapse",
-    severity="critical",
+    severity="warning",
     mechanism="unspecific",
     actionable=True,
     settings=CollapseSettings,
@@ -200,7 +200,7 @@ class RewardCollapseSettings(DetectorSettings):
 
 @register_detector(
     "reward_collapse",
-    severity="critical",
+    severity="warning",
     mechanism="unspecific",
     actionable=True,
     settings=RewardCollapseSettings,

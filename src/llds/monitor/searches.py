@@ -80,7 +80,7 @@ class SearchDeclineSettings(DetectorSettings):
 
 @register_detector(
     "search_decline",
-    severity="warning",
+    severity="critical",
     mechanism="tool",
     settings=SearchDeclineSettings,
     describe=lambda s, p: (

@@ -44,16 +44,18 @@ def _default(cls: type) -> Any:
 @section(key="monitor.alarms")
 class AlarmsConfig:
     """The built-in alarm detectors, each under its name (which is also its alarm's kind); they
-    run in this order every step."""
+    run in this order every step. Their defaults are the settings frozen on the collapse
+    corpus's tune split (experiments/monitor_tuning/frozen.yaml): the three that predicted
+    collapses there are critical, the others warnings (stagnation an info)."""
 
     displacement_decay: DisplacementDecaySettings = _default(DisplacementDecaySettings)
-    """critical, LLD: the responses GRPO reinforces keep losing likelihood"""
+    """warning, LLD: the responses GRPO reinforces keep losing likelihood"""
     likelihood_decay: LikelihoodDecaySettings = _default(LikelihoodDecaySettings)
     """warning, LLD: the correct responses' rollout-time likelihood keeps falling"""
     collapse: CollapseSettings = _default(CollapseSettings)
-    """critical: the phase detector's collapse phase"""
+    """warning: the phase detector's collapse phase"""
     reward_collapse: RewardCollapseSettings = _default(RewardCollapseSettings)
-    """critical: the smoothed reward held far below its peak"""
+    """warning: the smoothed reward held far below its peak"""
     stagnation: StagnationSettings = _default(StagnationSettings)
     """info, LLD: likelihood flat while the reward rises"""
     entropy_spike: SpikeSettings = _default(SpikeSettings)
@@ -65,15 +67,15 @@ class AlarmsConfig:
     nonfinite: NonfiniteSettings = _default(NonfiniteSettings)
     """warning: optimizer updates skipped for non-finite values"""
     search_decline: SearchDeclineSettings = _default(SearchDeclineSettings)
-    """warning, tool: fewer valid searches than early in the run"""
+    """critical, tool: fewer valid searches than early in the run"""
     sampler_mismatch: SamplerMismatchSettings = _default(SamplerMismatchSettings)
     """warning, mismatch: the sampler drifting from the trained policy"""
     void_turns: VoidTurnsSettings = _default(VoidTurnsSettings)
     """warning, tool: more rollouts with a void turn than early in the run"""
     entropy_drift: EntropyDriftSettings = _default(EntropyDriftSettings)
-    """warning, entropy: entropy far below or above its early level"""
+    """critical, entropy: entropy far below or above its early level"""
     lr_divergence: LRDivergenceSettings = _default(LRDivergenceSettings)
-    """warning, learning rate: steps outgrowing a rising learning rate"""
+    """critical, learning rate: steps outgrowing a rising learning rate"""
     reward_fall: RewardFallSettings = _default(RewardFallSettings)
     """warning: the reward giving back much of its gain"""
 
