@@ -312,3 +312,13 @@ def test_every_mechanism_sits_in_exactly_one_causal_tier():
 )
 def test_the_named_cause_is_the_most_upstream_signature_present(present, named):
     assert att.most_upstream(present) == named
+
+
+def test_a_learning_rate_finding_without_the_rate_sits_after_lld():
+    """Grown updates with no `lr` in the log are what the death spiral produces: LLD is named
+    before them; with entropy they share a tier; a logged rate puts them first again."""
+    both = ["LLD", "entropy", "learning-rate divergence"]
+    unknown = {"learning-rate divergence"}
+    assert att.most_upstream(both, unknown) == ("LLD",)
+    assert att.most_upstream(both[1:], unknown) == ("entropy", "learning-rate divergence")
+    assert att.most_upstream(both) == ("learning-rate divergence",)

@@ -181,7 +181,11 @@ def test_cli_reports_a_verl_log_beside_it(tmp_path, capsys):
     report = tmp_path / "verl" / "report" / "report.json"
     data = json.loads(report.read_text())["runs"][0]
     assert data["source"] == "verl-jsonl" and data["collapsed"] and not data["censored"]
-    assert capsys.readouterr().out.startswith("exp.jsonl: collapsed at step 73; cause named: LLD, ")
+    # veRL logs no learning rate: the grown gradients are the death spiral's, downstream of LLD
+    assert capsys.readouterr().out.startswith(
+        "exp.jsonl: collapsed at step 73; cause named: LLD; also present, downstream: entropy, "
+        "learning-rate divergence;"
+    )
     page = (report.parent / "report.html").read_text()
     assert "Signatures present before the collapse at step 73 (steps 54&ndash;73): LLD (" in page
     # the synthetic entropy rises about 2.8x over its early median: at least 2x, a blow-up

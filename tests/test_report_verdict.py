@@ -59,17 +59,24 @@ def test_a_collapsed_run_names_its_cause_and_stabilizers():
     text = _verdict(rows)
     assert f"collapsed at step {collapse.step}" in text and "cause named" in text
     present = {f.mechanism for f in collapse.with_status("present")}
-    # the synthetic collapse's gradients grow tenfold and its entropy blows up: the learning
-    # rate is named (the set-up, upstream), the entropy listed as downstream, not named
+    # the synthetic collapse's gradients grow tenfold and its entropy blows up; with no
+    # learning rate in the log the grown gradients are a symptom like the entropy: both named
     assert present == {"learning-rate divergence", "entropy"}
     v = verdict_of(rows, [])
-    assert (v.named, v.downstream) == (("learning-rate divergence",), ("entropy",))
-    name, switch = STABILIZERS["learning-rate divergence"]
-    assert f"learning-rate divergence: {name}" in text and switch in text
-    assert "downstream of it (not named): entropy" in text
-    assert f"entropy: {STABILIZERS['entropy'][0]}" not in text  # no stabilizer for a symptom
-    assert "also present, downstream: entropy" in v.line("run")
+    assert (v.named, v.downstream) == (("entropy", "learning-rate divergence"), ())
+    for mechanism in v.named:
+        name, switch = STABILIZERS[mechanism]
+        assert f"{mechanism}: {name}" in text and switch in text
     assert "against the run's own first 20 steps" in text
+    # the same run with its learning rate logged and tripled after step 100: the set-up fault
+    # is named, the entropy listed as downstream of it, with no stabilizer of its own
+    rising = [{**r, "lr": 3e-4 if r["step"] > 100 else 1e-4} for r in rows]
+    v = verdict_of(rising, [])
+    assert (v.named, v.downstream) == (("learning-rate divergence",), ("entropy",))
+    text = _verdict(rising)
+    assert "downstream of it (not named): entropy" in text
+    assert f"entropy: {STABILIZERS['entropy'][0]}" not in text
+    assert "also present, downstream: entropy" in v.line("run")
 
 
 def test_a_collapse_without_a_departure_has_no_known_signature():

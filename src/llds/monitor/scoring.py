@@ -394,7 +394,8 @@ def table(card: Scorecard, lead: int = LEAD) -> list[str]:
         if r.mechanism == HEALTHY:
             lines.append(_healthy_line(r))
             lines.extend(_healthy_line(a) for a in card.healthy_arms)
-            lines.append(_warnings_line(r))
+            if r.steps:  # warnings measured (outcomes built with their steps)
+                lines.append(_warnings_line(r))
             continue
         lines.append(
             f"{r.mechanism:<18} {r.runs:>4}  {r.collapses:>9}  {r.timely:>14}  "

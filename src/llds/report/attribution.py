@@ -19,7 +19,7 @@ showed the signature (see its docstring).
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -111,7 +111,11 @@ CAUSAL_TIERS: tuple[tuple[str, ...], ...] = (
 """Where several signatures precede a collapse, the cause named is the most upstream one: a
 fault of the training set-up (the sampler, the learning rate) changes how the agent uses its
 tool and the policy's state, tool use changes what the policy learns, and the death spiral
-runs from LLD to an entropy blow-up, never the reverse. The others are listed as downstream."""
+runs from LLD to an entropy blow-up, never the reverse. The others are listed as downstream.
+A learning-rate finding without the rate in the log (`lr_growth` unknown) is only updates
+grown large, which the death spiral itself produces: it then sits after LLD, with entropy."""
+UNLOGGED_RATE_TIER = 3
+"""The tier (index in `CAUSAL_TIERS`) of a learning-rate divergence read without `lr`."""
 LEAD = 20
 """A critical alarm is timely when it comes at least this many steps before the collapse."""
 STABILIZERS: dict[str, tuple[str, str]] = {
@@ -522,8 +526,14 @@ def verdict_of(rows: Sequence[Mapping[str, Any]], alarms: Sequence[Alarm]) -> Ve
         return Verdict(last, first_critical=first)
     event = attribute(series, COLLAPSE, collapse)
     timely = next((a for a in critical if a.step <= collapse - LEAD), None)
-    present = [f.mechanism for f in event.with_status("present")]
-    named = most_upstream(present)
+    found = event.with_status("present")
+    present = [f.mechanism for f in found]
+    rate_unknown = {
+        f.mechanism
+        for f in found
+        if f.mechanism == "learning-rate divergence" and "lr_growth" not in f.numbers
+    }
+    named = most_upstream(present, rate_unknown)
     return Verdict(
         last,
         collapse,
@@ -535,11 +545,17 @@ def verdict_of(rows: Sequence[Mapping[str, Any]], alarms: Sequence[Alarm]) -> Ve
     )
 
 
-def most_upstream(present: Sequence[str]) -> tuple[str, ...]:
+def most_upstream(present: Sequence[str], rate_unknown: Set[str] = frozenset()) -> tuple[str, ...]:
     """The present mechanisms of the first `CAUSAL_TIERS` tier that has any (in `MECHANISMS`
-    order); empty when none is present."""
-    for tier in CAUSAL_TIERS:
-        named = tuple(m for m in present if m in tier)
-        if named:
-            return named
-    return ()
+    order); `rate_unknown` (a learning-rate divergence read without `lr`) counts in tier
+    `UNLOGGED_RATE_TIER` instead of its own; empty when none is present."""
+
+    def tier_of(m: str) -> int:
+        if m in rate_unknown:
+            return UNLOGGED_RATE_TIER
+        return next(i for i, tier in enumerate(CAUSAL_TIERS) if m in tier)
+
+    if not present:
+        return ()
+    first = min(tier_of(m) for m in present)
+    return tuple(m for m in present if tier_of(m) == first)
