@@ -105,3 +105,59 @@ def test_eval_refuses_data_and_model_before_building_the_index(
     assert named.format(**{k: str(v) for k, v in p.items()}) in line, line
     assert "BM25" not in line
     assert sorted(tmp_path.rglob("*")) == before  # no results, no index
+
+
+TRAIN = """
+import json, sys
+from llds.cli import main
+code = main(["train", *%r])
+print(json.dumps({"code": code, "heavy": [m for m in %r if m in sys.modules]}))
+"""
+
+
+@pytest.mark.parametrize("case", ["model-type", "data", "dead-retriever"])
+def test_train_names_its_model_type_data_and_retriever_without_torch(tmp_path, case) -> None:
+    """`llds train` reads its model's type, its questions and a retriever URL's first answer
+    before importing torch (the trainer's imports cost seconds): each is one line, and neither
+    torch nor transformers was imported when it was written."""
+    given = _eval_inputs(tmp_path)
+    if case != "model-type":  # a type transformers knows: the check passes, statically
+        config = given["model"] / "config.json"
+        config.write_text(json.dumps({"model_type": "llama"}), encoding="utf-8")
+    data = given["broken"] if case == "data" else given["data"]
+    if case != "data":  # two questions: a step's two prompts
+        with given["data"].open("a", encoding="utf-8") as f:
+            row = {"id": "q2", "question": "Who wrote Emile?", "golden_answers": ["Rousseau"]}
+            f.write(json.dumps(row) + "\n")
+    source = "http://127.0.0.1:9" if case == "dead-retriever" else str(given["corpus"])
+    args = [
+        f"model.path={given['model']}",
+        f"data.train={data}",
+        f"retriever.source={source}",
+        f"run_dir={tmp_path / 'run'}",
+        "prompts_per_step=2",
+        "optim.mini_batches=2",
+        "eval_every=0",
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-c", TRAIN % (args, HEAVY)], capture_output=True, text=True, timeout=120
+    )
+    result = json.loads(proc.stdout.splitlines()[-1])
+    assert (result["code"], result["heavy"]) == (2, []), proc.stderr
+    [line] = proc.stderr.strip().splitlines()
+    want = {
+        "model-type": "config.json names model_type 'llamma', which transformers",
+        "data": f"{given['broken']} line 1: invalid JSON",
+        "dead-retriever": "retriever.source: the retrieval service at http://127.0.0.1:9",
+    }[case]
+    assert want in line
+    assert not (tmp_path / "run").exists()  # nothing written
+
+
+def test_the_model_types_read_from_source_are_the_ones_transformers_imports() -> None:
+    """The static reading of transformers' table (no torch) against the table imported."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    from llds.models.hf import _model_types_from_source
+
+    assert _model_types_from_source() == frozenset(CONFIG_MAPPING_NAMES)

@@ -26,10 +26,15 @@ def run(cfg: Any, args: argparse.Namespace) -> int:
     from llds.models.hf import check_model_source
 
     check_model_source("model", cfg.model)
-    from llds.probe.one_step import probe_model  # torch: after the model directory's check
+    from llds.data.loaders import load_many
+    from llds.retrieval.factory import open_answering_retriever
 
     protocol, source = cfg.protocol.resolve(cfg.model)
-    summary, results = probe_model(cfg, protocol)
+    examples = load_many(cfg.data, limit=cfg.limit)  # the user's files, before torch
+    retriever = open_answering_retriever(cfg.retriever)
+    from llds.probe.one_step import probe_model  # torch: after every input's check
+
+    summary, results = probe_model(cfg, protocol, examples=examples, retriever=retriever)
     # after the work, so that an input refused on the way is the only line printed
     print(f"protocol from {source}, overrides applied: {protocol}")
     if results:

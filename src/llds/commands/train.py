@@ -59,9 +59,16 @@ def run(cfg: Any, args: argparse.Namespace) -> int:
         raise ConfigError(f"retriever.source: {source} is not a file or folder{url_hint(source)}")
     check_inputs(cfg)
     setup_logging(cfg.logging.verbose)
-    from llds.train import run as train_run
+    examples, search = read_inputs(cfg)
+    from llds.train import run as train_run  # torch
 
-    train_run(cfg, resume=not args.no_resume, allow_config_change=args.allow_config_change)
+    train_run(
+        cfg,
+        resume=not args.no_resume,
+        allow_config_change=args.allow_config_change,
+        train_examples=examples,
+        retriever=search,
+    )
     written = [
         "metrics.jsonl",
         *(["tensorboard/"] if cfg.logging.tensorboard else []),
@@ -69,3 +76,26 @@ def run(cfg: Any, args: argparse.Namespace) -> int:
     ]
     print(f"run written to {cfg.run_dir} ({', '.join(written)})")
     return 0
+
+
+def read_inputs(cfg: Any) -> tuple[Any, Any]:
+    """The training questions read and a retriever URL asked its first search, before torch is
+    imported: a file that does not parse or a service that does not answer is named in under a
+    second instead of after the trainer's imports. A corpus file's retriever is left to the
+    trainer (its index build is the slow part, not the check)."""
+    from llds.data.loaders import load_examples
+    from llds.retrieval.factory import is_url, open_answering_retriever
+    from llds.train.config import check_prompts_fit
+
+    examples = load_examples(cfg.data.train, limit=cfg.data.train_limit)
+    check_prompts_fit(cfg, len(examples))
+    source = cfg.retriever.source
+    if cfg.rollout.max_turns <= 0 or not source or not is_url(source):
+        return examples, None
+    search = open_answering_retriever(
+        source,
+        "retriever.source",
+        topk=cfg.retriever.topk,
+        retry_seconds=cfg.retriever.retry_seconds,
+    )
+    return examples, search

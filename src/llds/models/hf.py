@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 from typing import Any
 
@@ -91,19 +92,87 @@ def config_problem(file: Path, name: str, *, architecture: bool = True) -> None:
         raise UserInputError(f"model directory {name!r}: config.json has no model_type")
     if not architecture:
         return
-    import transformers
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
-
-    if kind not in CONFIG_MAPPING_NAMES:
+    known = known_model_types()
+    if kind not in known:
         import difflib
+        from importlib.metadata import version
 
-        close = difflib.get_close_matches(kind, list(CONFIG_MAPPING_NAMES), n=1)
+        close = difflib.get_close_matches(kind, sorted(known), n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
         raise UserInputError(
             f"model directory {name!r}: config.json names model_type {kind!r}, which "
-            f"transformers {transformers.__version__} does not know; {hint}a newer model may "
+            f"transformers {version('transformers')} does not know; {hint}a newer model may "
             "need a newer transformers"
         )
+
+
+MAPPING = "CONFIG_MAPPING_NAMES"
+"""transformers' table of the model types it builds configs for (`model_type` -> class)."""
+
+
+def known_model_types() -> frozenset[str]:
+    """The model types this transformers knows: read from its source (`models/auto`), which
+    takes milliseconds, where importing the table imports torch (seconds on a small CPU);
+    imported when the source does not read as expected (another layout)."""
+    read = _model_types_from_source()
+    if read:
+        return read
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    return frozenset(CONFIG_MAPPING_NAMES)
+
+
+def _model_types_from_source() -> frozenset[str] | None:
+    """The string keys of every literal that builds `CONFIG_MAPPING_NAMES` in transformers'
+    `models/auto/auto_mappings.py` and `configuration_auto.py` (an assignment, or an `update`
+    of it); None when a file is missing or holds none."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("transformers")  # locates the package; imports nothing
+    if spec is None or spec.origin is None:
+        return None
+    auto = Path(spec.origin).parent / "models" / "auto"
+    names: set[str] = set()
+    for file in (auto / "auto_mappings.py", auto / "configuration_auto.py"):
+        try:
+            tree = ast.parse(file.read_text(encoding="utf-8"))
+        except (OSError, SyntaxError, ValueError):
+            return None
+        found = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == MAPPING for t in node.targets
+            ):
+                found |= _literal_keys(node.value)
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "update"
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id == MAPPING
+            ):
+                found |= _literal_keys(node)
+        if not found:
+            return None
+        names |= found
+    return frozenset(names)
+
+
+def _literal_keys(node: ast.AST) -> set[str]:
+    """String keys of the dict literals and first items of the pair tuples under `node`."""
+    keys: set[str] = set()
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Dict):
+            keys |= {
+                k.value
+                for k in sub.keys
+                if isinstance(k, ast.Constant) and isinstance(k.value, str)
+            }
+        elif isinstance(sub, ast.Tuple) and len(sub.elts) == 2:
+            first = sub.elts[0]
+            if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                keys.add(first.value)
+    return keys
 
 
 def nonfinite_weight(model: Any) -> str | None:

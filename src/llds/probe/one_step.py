@@ -46,6 +46,7 @@ from llds.rollout import RolloutConfig, RolloutEngine, RolloutRequest
 
 if TYPE_CHECKING:
     from llds.env.protocol import Protocol
+    from llds.retrieval.base import Retriever
 
 
 @dataclass
@@ -491,13 +492,19 @@ def probed_questions(path, cfg: ProbeConfig, protocol: dict[str, Any] | None = N
 
 
 def probe_model(
-    cfg: ProbeConfig, protocol: Protocol | None = None
+    cfg: ProbeConfig,
+    protocol: Protocol | None = None,
+    *,
+    examples: Sequence[QAExample] | None = None,
+    retriever: Retriever | None = None,
 ) -> tuple[dict[str, Any], list[ProbeResult]]:
     """Run the probe on `cfg.model` with its saved protocol (or the given one); writes
     `OUT/probe.json` (and `OUT/probe.png` when a question was probed).
 
     Each question's outcome is appended to `OUT/probe.partial.jsonl` as it is measured, so a
-    stopped probe started again with the same settings goes on from the next question."""
+    stopped probe started again with the same settings goes on from the next question.
+    `examples` and `retriever`, when given, stand for `cfg.data` read and `cfg.retriever`
+    opened (`llds probe` reads them before this module's torch is imported)."""
     import json
     from pathlib import Path
 
@@ -509,8 +516,10 @@ def probe_model(
 
     proto = protocol or cfg.protocol.resolve(cfg.model)[0]
     # the user's files first: a bad one stops the probe before any model loads or OUT exists
-    examples = load_many(cfg.data, limit=cfg.limit)
-    retriever = open_answering_retriever(cfg.retriever)
+    if examples is None:
+        examples = load_many(cfg.data, limit=cfg.limit)
+    if retriever is None:
+        retriever = open_answering_retriever(cfg.retriever)
     model, tok = load_model(ModelConfig(path=cfg.model, device=cfg.device), device_key="device")
     rollout = RolloutConfig(
         **proto.rollout_limits(), group_size=cfg.group_size, temperature=cfg.temperature

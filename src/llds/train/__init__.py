@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from llds.data.example import QAExample
+    from llds.retrieval.base import Retriever
     from llds.train.config import TrainConfig
 
 
@@ -19,6 +21,8 @@ def run(
     *,
     resume: bool = True,
     allow_config_change: str | Sequence[str] | None = None,
+    train_examples: Sequence[QAExample] | None = None,
+    retriever: Retriever | None = None,
 ) -> Path:
     """Train to `cfg.steps`; returns the run directory.
 
@@ -26,7 +30,10 @@ def run(
     run directory holding an earlier run it cannot resume; `resume=False` moves an earlier run
     aside (`RUN.old-<time>`) and starts at step 0. A resume whose config differs from the
     checkpoint's is refused unless every changed key is in `allow_config_change` (dotted keys,
-    sections, or "all"); see `llds.train.resume.ALWAYS_ALLOWED` for the keys that need none."""
+    sections, or "all"); see `llds.train.resume.ALWAYS_ALLOWED` for the keys that need none.
+    `train_examples` and `retriever`, when given, are used instead of reading `data.train` and
+    opening `retriever.source` (`llds train` reads them before torch is imported, so that a bad
+    data file or a dead retriever is named at once)."""
     import os
     from contextlib import nullcontext
 
@@ -50,7 +57,13 @@ def run(
     lock = RunLock(run_dir) if os.environ.get("RANK", "0") == "0" else nullcontext()
     with lock:
         try:
-            GRPOTrainer(cfg, resume=resume, allow_config_change=allow_config_change).train()
+            GRPOTrainer(
+                cfg,
+                retriever=retriever,
+                train_examples=train_examples,
+                resume=resume,
+                allow_config_change=allow_config_change,
+            ).train()
         except ServiceUnavailableError:
             close_process_group()  # every rank stops on it together, so the barrier meets
             raise

@@ -37,7 +37,7 @@ from llds.retrieval.base import Retriever
 from llds.rollout import RolloutEngine
 from llds.train import fsdp
 from llds.train.checkpoint import find_resumable
-from llds.train.config import TrainConfig
+from llds.train.config import TrainConfig, check_prompts_fit
 from llds.train.diagnostics import Diagnostics
 from llds.train.distributed import Dist
 from llds.train.policy_update import PolicyUpdate
@@ -223,18 +223,15 @@ def degrading(cfg: TrainConfig, search: Retriever | None) -> Retriever | None:
 
 
 def train_examples(cfg: TrainConfig, given: Sequence[QAExample] | None) -> Sequence[QAExample]:
-    """The given training questions, else `data.train` read (up to `data.train_limit`)."""
+    """The given training questions, else `data.train` read (up to `data.train_limit`); either
+    must hold a step's questions."""
     if given is not None:
-        return given
-    from llds.data.loaders import load_examples
+        examples = given
+    else:
+        from llds.data.loaders import load_examples
 
-    examples = load_examples(cfg.data.train, limit=cfg.data.train_limit)
-    if cfg.prompts_per_step > len(examples):
-        raise ConfigError(
-            f"prompts_per_step: {cfg.prompts_per_step} questions per step, but data.train has "
-            f"{len(examples)} (data.train_limit={cfg.data.train_limit}); every step would "
-            "repeat questions inside its own batch: lower prompts_per_step or add questions"
-        )
+        examples = load_examples(cfg.data.train, limit=cfg.data.train_limit)
+    check_prompts_fit(cfg, len(examples), "data.train" if given is None else "the given questions")
     return examples
 
 

@@ -428,6 +428,17 @@ def check_inputs(cfg: TrainConfig) -> None:
     check_model_source("model.path", cfg.model.path)  # config, tokenizer, weights whole
 
 
+def check_prompts_fit(cfg: TrainConfig, questions: int, source: str = "data.train") -> None:
+    """Refuse fewer training questions than a step takes: every step would repeat questions
+    inside its own batch (groups of one question would share their advantages' baseline)."""
+    if cfg.prompts_per_step > questions:
+        raise ConfigError(
+            f"prompts_per_step: {cfg.prompts_per_step} questions per step, but {source} has "
+            f"{questions} (data.train_limit={cfg.data.train_limit}); every step would repeat "
+            "questions inside its own batch: lower prompts_per_step or add questions"
+        )
+
+
 def made_by(command: str) -> list[str]:
     """The directories a `make_inputs` command writes: the values of its `--out` options."""
     words = command.split()
