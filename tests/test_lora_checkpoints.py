@@ -282,3 +282,19 @@ def test_another_base_is_refused_in_one_line(inputs, tmp_path, world_tokenizer, 
     err_lines = capsys.readouterr().err.strip().splitlines()
     assert len(err_lines) == 1 and str(base) in err_lines[0], err_lines
     assert "its base model cannot be loaded" in err_lines[0]
+
+
+def test_the_probe_runs_on_a_lora_checkpoint(inputs, tmp_path, capsys):
+    """`llds probe` takes a LoRA checkpoint as `llds eval` does: its adapter on the recorded
+    base, with the protocol saved beside it (it was refused: a checkpoint has no config.json)."""
+    tr = trainer(inputs, tmp_path / "run", "steps=1")
+    tr.train()
+    ckpt = tmp_path / "run" / "checkpoints" / "step_000001"
+    world = inputs / "world"
+    args = ["probe", "--model", str(ckpt), "--data", str(world / "test.jsonl"), "limit=2"]
+    args += ["--retriever", str(world / "corpus.jsonl"), "--out", str(tmp_path / "probe")]
+    assert main([*args, "group_size=2"]) == 0
+    printed = capsys.readouterr().out
+    assert f"protocol from {ckpt / ADAPTER_DIR}/llds_protocol.json" in printed
+    saved = json.loads((tmp_path / "probe" / "probe.json").read_text())
+    assert saved["settings"]["limit"] == 2 and saved["settings"]["group_size"] == 2

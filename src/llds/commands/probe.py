@@ -23,9 +23,15 @@ CONFIG = "llds.probe.config:ProbeConfig"
 
 
 def run(cfg: Any, args: argparse.Namespace) -> int:
-    from llds.models.hf import check_model_source
+    import dataclasses
 
-    check_model_source("model", cfg.model)
+    from llds.evaluation.evaluate import check_model
+    from llds.policy.lora import adapter_dir_of
+
+    adapter = adapter_dir_of(cfg.model) if cfg.model != "smollm2" else None
+    if adapter is not None:  # a LoRA checkpoint (or its adapter/): probed on its base, merged
+        cfg = dataclasses.replace(cfg, model=str(adapter))  # the protocol is saved beside it
+    check_model(cfg.model)  # the directory, or the adapter's recorded base
     from llds.data.loaders import load_many
     from llds.retrieval.factory import open_answering_retriever
 

@@ -101,9 +101,9 @@ def results_table(results: EvalResult) -> str:
 
 
 def check_model(model: str) -> None:
-    """The model `run_evaluation` will load, checked once, before the retriever opens (a corpus
-    file's index takes its time to build): a model directory's files and its architecture, or
-    a LoRA checkpoint's recorded base; one line naming the key. The loader then trusts it."""
+    """The model `run_evaluation` (or `llds probe`) will load, checked once, before the
+    retriever opens (a corpus file's index takes its time to build): a model directory's files
+    and its architecture, or a LoRA checkpoint's recorded base; one line naming the key."""
     from llds.models.hf import check_model_source
     from llds.policy.lora import adapter_dir_of, base_model_path
 
@@ -119,8 +119,8 @@ def run_evaluation(cfg: EvalConfig, protocol: Protocol | None = None) -> EvalRes
     given one); writes `cfg.out` when set and returns the results.
 
     The inputs are checked cheapest first, each before any slower work: the output path, the
-    data files (read and parsed), a retriever URL (one search, no torch), the model directory
-    (its architecture included: transformers is imported), and last a corpus file's retriever
+    data files (read and parsed), a retriever URL (one search), the model directory (its
+    architecture read from transformers' source, no torch), and last a corpus file's retriever
     (its index is built as it opens)."""
     from llds.data.loaders import load_many
     from llds.policy.config import ModelConfig
