@@ -393,7 +393,7 @@ def test_llds_fields_are_generated_from_the_one_definition():
     import typing
 
     from llds.algo import LLDSConfig
-    from llds.algo.config import engine_fields
+    from llds.config.algo import engine_fields
 
     ours = dataclasses.asdict(LLDSConfig())
     trl_fields = {f.name: f for f in dataclasses.fields(LLDSGRPOConfig)}

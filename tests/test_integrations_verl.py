@@ -513,7 +513,7 @@ def test_real_verl_bypass_mode_is_refused_without_the_yaml_wiring():
 def test_llds_scope_batch_is_refused_in_verl():
     """veRL's loss sees one micro-batch at a time: the native trainer's scope=batch is refused
     by its veRL key."""
-    from llds.algo.config import from_engine
+    from llds.config.algo import from_engine
 
     with pytest.raises(ConfigError, match=r"^policy_loss\.llds_scope: 'batch' needs the rest"):
         from_engine({"llds_scope": "batch"}, where="policy_loss.")

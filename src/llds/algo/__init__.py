@@ -4,7 +4,6 @@ The names exported here are the project's stable public API.
 """
 
 from llds.algo.advantages import group_advantages, group_index
-from llds.algo.config import AlgoConfig, LLDSConfig, RolloutCorrectionConfig
 from llds.algo.kl import kl_penalty
 from llds.algo.llds import (
     GATES,
@@ -25,7 +24,7 @@ from llds.algo.objective import (
 from llds.algo.policy_loss import policy_loss
 from llds.algo.rollout_correction import importance_weights, no_correction
 from llds.algo.segments import action_segments, broadcast_segments, segment_sums
-from llds.config.algo import answer_weight_schedule
+from llds.config.algo import AlgoConfig, LLDSConfig, RolloutCorrectionConfig, answer_weight_schedule
 
 __all__ = [
     "AGGREGATIONS",

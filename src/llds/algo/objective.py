@@ -19,12 +19,12 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from llds.algo.config import AlgoConfig, LLDSConfig
 from llds.algo.kl import kl_penalty
 from llds.algo.llds import llds_loss
 from llds.algo.llds_in_force import LLDSInForce
 from llds.algo.masking import aggregate
 from llds.algo.policy_loss import policy_loss
+from llds.config.algo import AlgoConfig, LLDSConfig
 from llds.errors import ConfigError
 
 POLICY_STATS = ("clip_frac_low", "clip_frac_high", "approx_kl", "ratio_mean")

@@ -33,9 +33,8 @@ from torch import Tensor
 from trl import GRPOConfig, GRPOTrainer
 
 from llds.algo import LLDSConfig, action_segments, llds_term
-from llds.algo.config import engine_fields, from_engine
 from llds.algo.llds_in_force import LLDSInForce, llds_in_force
-from llds.config.algo import Gate, LLDSAggregation
+from llds.config.algo import Gate, LLDSAggregation, engine_fields, from_engine
 from llds.env.rewards import FormatRewardConfig, compute_reward, score_answer
 from llds.errors import ConfigError, DataFormatError
 from llds.metrics import VALID_SEARCHES

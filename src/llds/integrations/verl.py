@@ -48,7 +48,7 @@ from torch import Tensor
 
 from llds import metrics as keys
 from llds.algo import LLDSConfig, llds_term, policy_loss
-from llds.algo.config import engine_fields, from_engine
+from llds.config.algo import engine_fields, from_engine
 from llds.errors import ConfigError
 from llds.monitor.framework_logs import VERL_NAMES, LoggedMonitor
 from llds.monitor.likelihood import lld_share_metrics

@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 
 from llds.algo import group_advantages
-from llds.algo.config import AlgoConfig, LLDSConfig
 from llds.algo.llds_in_force import llds_in_force
 from llds.algo.objective import TermInputs, grpo_objective
+from llds.config.algo import AlgoConfig, LLDSConfig
 from llds.data.example import QAExample
 from llds.env.prompts import PromptTemplate, build_prompt_ids
 from llds.policy.forward import batched_log_probs, response_log_probs

@@ -18,9 +18,9 @@ from typing import Literal, NamedTuple
 import torch
 
 from llds.algo import group_advantages
-from llds.algo.config import AlgoConfig
 from llds.algo.llds_in_force import LLDSInForce
 from llds.algo.objective import TermInputs, grpo_objective
+from llds.config.algo import AlgoConfig
 from llds.policy.forward import response_log_probs
 
 ProbeOptimizer = Literal["sgd", "adamw"]

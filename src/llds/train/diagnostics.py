@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from llds import metrics as keys
-from llds.algo.config import LLDSConfig
+from llds.config.algo import LLDSConfig
 from llds.data.example import QAExample
 from llds.evaluation.periodic import eval_rollout_config
 from llds.monitor.likelihood import (

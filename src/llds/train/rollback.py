@@ -13,7 +13,7 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from llds.algo.config import LLDSConfig
+from llds.config.algo import LLDSConfig
 from llds.monitor.alarms import Action, Alarm, AlarmMonitor, should_act
 from llds.runs.tracking import read_metrics
 from llds.train.checkpoint import find_resumable
