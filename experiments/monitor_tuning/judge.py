@@ -23,7 +23,6 @@ from llds.monitor.replay import load_monitor_config
 from llds.monitor.scoring import (
     HEALTHY,
     Outcome,
-    logged_steps,
     parse_manifest,
     score,
     scorecard_line,
@@ -47,10 +46,8 @@ def judge_split(corpus: Path, split: str, monitor: MonitorConfig) -> tuple[list[
     for r in runs:
         rows = read_source(find_source(corpus / r.run))
         alarms = scan_alarms(rows, monitor)
-        critical = tuple(a.step for a in alarms if a.severity == "critical")
-        warnings = tuple(a.step for a in alarms if a.severity == "warning")
         verdict = verdict_of(rows, alarms)
-        outcomes.append(Outcome(r, critical, verdict.codes, warnings, logged_steps(rows)))
+        outcomes.append(Outcome.replayed(r, rows, alarms, verdict.codes))
         if r.mechanism == HEALTHY or r.collapse_step is None:
             continue
         after = [a for a in alarms if a.severity == "critical" and a.step >= (r.cause_step or 0)]

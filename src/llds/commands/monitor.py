@@ -115,7 +115,6 @@ def _score(cfg: Any, args: argparse.Namespace) -> int:
     from llds.monitor.alarms import scan_alarms
     from llds.monitor.scoring import (
         Outcome,
-        logged_steps,
         parse_manifest,
         score,
         scorecard_line,
@@ -137,10 +136,7 @@ def _score(cfg: Any, args: argparse.Namespace) -> int:
     for r in chosen:
         rows = read_source(find_source(corpus / r.run))
         alarms = scan_alarms(rows, cfg.monitor)
-        critical = tuple(a.step for a in alarms if a.severity == "critical")
-        warnings = tuple(a.step for a in alarms if a.severity == "warning")
-        named = verdict_of(rows, alarms).codes
-        outcomes.append(Outcome(r, critical, named, warnings, logged_steps(rows)))
+        outcomes.append(Outcome.replayed(r, rows, alarms, verdict_of(rows, alarms).codes))
     card = score(outcomes, cfg.split, cfg.lead)
     for line in table(card, cfg.lead):
         print(line)

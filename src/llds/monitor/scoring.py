@@ -21,13 +21,16 @@ import dataclasses
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
 from llds.config.schema import section
 from llds.errors import DataFormatError
 from llds.monitor.settings import MonitorConfig
+
+if TYPE_CHECKING:
+    from llds.monitor.alarms import Alarm
 
 HEALTHY = "none"
 SPLITS = ("tune", "judge", "heldout")
@@ -115,6 +118,21 @@ class Outcome:
     """the steps of its warning alarms (reported with their own rate, never as false alarms)"""
     steps: int = 0
     """the steps its log holds: the denominator of the warnings' rate"""
+
+    @classmethod
+    def replayed(
+        cls,
+        run: CorpusRun,
+        rows: Sequence[Mapping[str, object]],
+        alarms: Iterable[Alarm],
+        named: tuple[str, ...],
+    ) -> Outcome:
+        """The outcome of `run` from its rows, the alarms replayed on them and the causes its
+        report names: critical and warning alarms apart, the steps logged."""
+        alarms = list(alarms)
+        critical = tuple(a.step for a in alarms if a.severity == "critical")
+        warnings = tuple(a.step for a in alarms if a.severity == "warning")
+        return cls(run, critical, named, warnings, logged_steps(rows))
 
     def warning_step(self) -> int | None:
         """The first critical alarm at or after the cause's onset."""
