@@ -236,12 +236,23 @@ def collect(work: Path, results: Path, runs: Sequence[tuple[str, int]]) -> None:
         for name in ("alarms.jsonl", MACHINES_LOG):
             if (src / name).is_file():
                 shutil.copyfile(src / name, dst / name)
+        resolved = newest_config(src)
+        if resolved is not None:  # the settings its alarms were raised with, for a replay
+            (dst / "config.json").write_text(json.dumps(resolved, indent=1, sort_keys=True) + "\n")
         evals = {}
         for path in sorted((src / "eval").glob("step_*.json")):
             overall = json.loads(path.read_text(encoding="utf-8"))["overall"]
             evals[path.stem] = overall
         if evals:
             (dst / "eval.json").write_text(json.dumps(evals, indent=1, sort_keys=True) + "\n")
+
+
+def newest_config(run: Path) -> dict[str, Any] | None:
+    """The resolved config a run's newest checkpoint records (its last leg's), or None."""
+    states = sorted((run / "checkpoints").glob("step_*/trainer_state.json"))
+    if not states:
+        return None
+    return json.loads(states[-1].read_text(encoding="utf-8")).get("config")
 
 
 def parked_archive(results: Path, arm: str, seed: int) -> Path:
