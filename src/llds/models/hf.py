@@ -190,9 +190,8 @@ def nonfinite_weight(model: Any) -> str | None:
     return None
 
 
-def safetensors_problem(file: Path) -> str | None:
-    """What is wrong with a safetensors file, read from its header alone (no tensor is loaded):
-    None when the header parses and the file holds every byte the header's tensors need."""
+def safetensors_header(file: Path) -> tuple[int, dict[str, Any]] | str:
+    """`(header length, header)` of a safetensors file, or what is wrong with reading them."""
     import json
     import struct
 
@@ -205,9 +204,19 @@ def safetensors_problem(file: Path) -> str | None:
         if 8 + n > size:
             return f"is truncated: its header alone needs {8 + n} bytes, the file has {size}"
         try:
-            header = json.loads(f.read(n))
+            return n, json.loads(f.read(n))
         except (UnicodeDecodeError, ValueError):
             return "is damaged (its header is not valid JSON)"
+
+
+def safetensors_problem(file: Path) -> str | None:
+    """What is wrong with a safetensors file, read from its header alone (no tensor is loaded):
+    None when the header parses and the file holds every byte the header's tensors need."""
+    read = safetensors_header(file)
+    if isinstance(read, str):
+        return read
+    n, header = read
+    size = file.stat().st_size
     ends = [t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"]
     need = 8 + n + max(ends, default=0)
     if need > size:
@@ -232,14 +241,12 @@ def safetensors_nonfinite(file: Path) -> str | None:
     holding a NaN or an infinity, described as `nonfinite_weight` describes a loaded one, else
     None: read before any model loads, so a damaged checkpoint is named in a second, not after
     transformers has built the model."""
-    import json
-    import struct
-
     import numpy as np
 
-    with file.open("rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(n))
+    read = safetensors_header(file)
+    if isinstance(read, str):  # a damaged file is `safetensors_problem`'s to name
+        return None
+    n, header = read
     data = np.memmap(file, dtype=np.uint8, mode="r", offset=8 + n)
     for key, t in header.items():
         if key == "__metadata__" or t.get("dtype") not in FLOAT_BITS:
