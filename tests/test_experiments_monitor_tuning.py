@@ -160,6 +160,13 @@ def test_the_choice_is_the_hand_count(tmp_path) -> None:
         ("tuning_test_y[defaults]", "1", "2", "no"),
         ("tuning_test_y[level=4]", "1", "1", "yes"),
     ]
+    # the chosen settings replayed as frozen score as the grid did; y, an extra alarm the
+    # frozen section does not name, is off there, so the healthy runs have no warning
+    page = (tmp_path / "out" / "results.md").read_text(encoding="utf-8")
+    frozen = page.split("## The chosen settings as frozen, replayed on the tune runs")[1]
+    assert saved["chosen"]["scorecard"] in frozen
+    assert "warnings on healthy runs: 0 of 10 runs, 0 alarms, 0.00 per 100 steps" in frozen
+    assert "| c1 | lr | gradual | 61 | 120 | `tuning_test_x` at 80 (+40) |" in frozen
 
 
 def test_nine_healthy_runs_allow_no_false_alarm(tmp_path) -> None:

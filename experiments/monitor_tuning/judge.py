@@ -22,6 +22,7 @@ from llds.monitor.alarms import scan_alarms
 from llds.monitor.replay import load_monitor_config
 from llds.monitor.scoring import (
     HEALTHY,
+    CorpusRun,
     Outcome,
     parse_manifest,
     score,
@@ -42,6 +43,14 @@ def judge_split(corpus: Path, split: str, monitor: MonitorConfig) -> tuple[list[
     manifest = corpus / "manifest.csv"
     with manifest.open(newline="", encoding="utf-8") as f:
         runs = [r for r in parse_manifest(csv.DictReader(f), str(manifest)) if r.split == split]
+    return score_runs(corpus, runs, monitor, split)
+
+
+def score_runs(
+    corpus: Path, runs: Sequence[CorpusRun], monitor: MonitorConfig, split: str
+) -> tuple[list[str], list[str]]:
+    """The scorecard's lines for `runs` replayed with `monitor` (warnings on healthy runs
+    included), and one table row per collapsed cause run (`ROWS_HEAD` is its header)."""
     outcomes, rows_out = [], []
     for r in runs:
         rows = read_source(find_source(corpus / r.run))
@@ -67,6 +76,16 @@ def judge_split(corpus: Path, split: str, monitor: MonitorConfig) -> tuple[list[
     return [*table(card), scorecard_line(card)], rows_out
 
 
+ROWS_HEAD = (
+    "Every collapsed cause run: the first critical alarm at or after the cause's onset "
+    "(steps before the collapse; negative: after it) and the report's named cause.",
+    "",
+    "| run | mechanism | collapse | cause step | collapse step | first critical alarm "
+    "| cause named | also present, downstream |",
+    "|---|---|---|---|---|---|---|---|",
+)
+
+
 def scores_md(config: Path, results: dict[str, tuple[list[str], list[str]]]) -> str:
     lines = [
         "# The frozen monitor settings on `judge` and `heldout` (out of sample)",
@@ -77,15 +96,7 @@ def scores_md(config: Path, results: dict[str, tuple[list[str], list[str]]]) -> 
     ]
     for split, (score_lines, rows) in results.items():
         lines += ["", f"## `{split}`", "", "```", *score_lines, "```", ""]
-        lines += [
-            "Every collapsed cause run: the first critical alarm at or after the cause's onset "
-            "(steps before the collapse; negative: after it) and the report's named cause.",
-            "",
-            "| run | mechanism | collapse | cause step | collapse step | first critical alarm "
-            "| cause named | also present, downstream |",
-            "|---|---|---|---|---|---|---|---|",
-            *rows,
-        ]
+        lines += [*ROWS_HEAD, *rows]
     return "\n".join(lines) + "\n"
 
 

@@ -24,10 +24,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: the studies' modules
 
 from llds.io import atomic_write, write_json
 from llds.monitor.registry import registered_detectors
+from llds.monitor.replay import monitor_config_from
 from llds.monitor.scoring import HEALTHY, CorpusRun, parse_manifest, scorecard_line, table
 from llds.monitor.settings import BUILT_IN_ALARMS
 from llds.report.attribution import verdict_of
@@ -41,6 +44,7 @@ from monitor_tuning.grid import (
     monitor_section,
     replay_cells,
 )
+from monitor_tuning.judge import ROWS_HEAD, score_runs
 
 HERE = Path(__file__).resolve().parent
 CORPUS = HERE.parent / "collapse_corpus"
@@ -228,8 +232,11 @@ def choice_json(
     }
 
 
-def results_md(choice: Choice, status: str, n: Mapping[str, int]) -> str:
-    """A page with the grid and the choice, every figure in-sample."""
+def results_md(
+    choice: Choice, status: str, n: Mapping[str, int], frozen: tuple[list[str], list[str]]
+) -> str:
+    """A page with the grid, the choice and the chosen settings replayed as frozen (`frozen`:
+    `judge.score_runs`'s lines and rows on the tune runs), every figure in-sample."""
     lines = [
         "# Monitor tuning on the collapse corpus's tune split",
         "",
@@ -274,6 +281,22 @@ def results_md(choice: Choice, status: str, n: Mapping[str, int]) -> str:
             + f" ({scorecard_line(up.card)}; {up.healthy_alarms} alarms on healthy runs, "
             f"{up.all_alarms} on all).",
         ]
+    score_lines, rows = frozen
+    lines += [
+        "",
+        "## The chosen settings as frozen, replayed on the tune runs",
+        "",
+        "The monitor section `--freeze` writes (every other detector a warning), replayed the "
+        "way `judge.py` replays `judge` and `heldout`: the warnings on healthy runs and the "
+        "report's named cause, on the runs the choice was made on (in-sample).",
+        "",
+        "```",
+        *score_lines,
+        "```",
+        "",
+        *ROWS_HEAD,
+        *rows,
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -298,7 +321,6 @@ def frozen_yaml(choice: Choice, status: str) -> str:
     """The chosen settings as a `monitor:` section the config system loads, and the critical
     set in its header; a detector not chosen keeps the protocol's defaults (`PROTOCOL_DEFAULTS`
     where the library's have moved since)."""
-    import yaml
 
     section = monitor_section(choice.chosen.cells, disable_others=False)
     chosen = {c.detector for c in choice.chosen.cells}
@@ -352,7 +374,10 @@ def run(
     choice = choose(replay(corpus, runs, grid), cells_of(grid))
     _write_text(out / "grid.csv", _csv_text(grid_rows(choice, status)))
     write_json(out / "choice.json", choice_json(choice, status, n, counts, corpus / "manifest.csv"))
-    _write_text(out / "results.md", results_md(choice, status, n))
+    frozen = yaml.safe_load(frozen_yaml(choice, status))["monitor"]
+    monitor = monitor_config_from(frozen, "the chosen settings")
+    replayed = score_runs(corpus, runs, monitor, SPLIT)
+    _write_text(out / "results.md", results_md(choice, status, n, replayed))
     if freeze:
         _write_text(out / "frozen.yaml", frozen_yaml(choice, status))
     return choice
