@@ -56,11 +56,19 @@ def test_a_torn_last_line_is_dropped_quietly(run, caplog):  # noqa: F811
     assert warnings(caplog) == []
 
 
-def test_resume_over_a_damaged_row_keeps_every_intact_row(inputs, run, capsys, caplog):  # noqa: F811
-    """The issue's case: one damaged row in the middle, then the same `llds train` (resumed
-    from step 4, one step more): rows 3-4 stay, and the original log is kept beside."""
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        (b"\x00\x00\x00 garbage", "line 2: not JSON"),
+        (b'{"step": 2, "reward/mean": "\xe9"}', "line 2: not UTF-8 text (byte 0xe9 at column 29)"),
+    ],
+)
+def test_resume_over_a_damaged_row_keeps_every_intact_row(inputs, run, capsys, caplog, text, why):  # noqa: F811
+    """The issue's case: one damaged row in the middle (not JSON, or a byte that is not
+    UTF-8), then the same `llds train` (resumed from step 4, one step more): rows 3-4 stay,
+    and the original log is kept beside."""
     log = run / METRICS_FILE
-    damage_line(log, 2, b"\x00\x00\x00 garbage")
+    damage_line(log, 2, text)
     original = log.read_bytes()
     rows_before = {r["step"]: r for r in read_metrics(run)}
     rc, out = cli(train_args(inputs, run, "steps=5"), capsys, caplog)
@@ -72,7 +80,7 @@ def test_resume_over_a_damaged_row_keeps_every_intact_row(inputs, run, capsys, c
     assert len(copies) == 1 and copies[0].read_bytes() == original
     said = [line for line in out.splitlines() if "damaged line" in line]
     assert any(
-        "line 2: not JSON" in line
+        why in line
         and "3 intact row(s) read" in line
         and f"the original is kept as {copies[0].name}" in line
         for line in said
@@ -114,6 +122,25 @@ def test_a_compressed_log_cut_short_keeps_the_rows_before_the_cut(tmp_path):
         f"{path}: cut short (the compressed data ends early after line {len(steps)}); "
         f"{len(steps)} intact row(s) read"
     )
+
+
+def test_report_on_a_compressed_log_cut_short(tmp_path, capsys, caplog):
+    """`llds report` on a committed `metrics.jsonl.gz` cut short (once an EOFError): the rows
+    before the cut are reported, and the cut is named with the count read."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    data = _gz_log(folder / "metrics.jsonl.gz", 3000)
+    (folder / "metrics.jsonl.gz").write_bytes(data[: len(data) // 2])
+    kept = len(read_log(folder / "metrics.jsonl.gz").rows)
+    rc, out = cli(["report", str(folder), "--out", str(tmp_path / "report")], capsys, caplog)
+    assert rc == 0, out
+    assert "Traceback" not in out and "EOFError" not in out
+    assert (
+        f"{folder / 'metrics.jsonl.gz'}: cut short (the compressed data ends early after line "
+        f"{kept}); {kept} intact row(s) read"
+    ) in out
+    assert (tmp_path / "report" / "report.html").is_file()
+    assert sorted(p.name for p in folder.iterdir()) == ["metrics.jsonl.gz"]  # nothing written there
 
 
 def test_plain_text_named_gz_is_one_error(tmp_path):

@@ -139,3 +139,24 @@ def test_sft_into_the_world_folder_it_reads(world, capsys):
     rc, out = cli(["sft", "--config", "sft-demo", f"world={world}", "--out", str(world)], capsys)
     assert f"out={world}: is the input world={world}" in error_line(rc, out, "sft")
     assert snapshot(world) == before
+
+
+def test_probe_into_the_world_folder_it_reads(inputs, world, capsys, no_model_load):  # noqa: F811
+    before = snapshot(world)
+    args = ["probe", "--model", str(inputs / "model"), "--data", str(world / "test.jsonl")]
+    rc, out = cli([*args, "--retriever", str(world / "corpus.jsonl"), "--out", str(world)], capsys)
+    assert f"out={world}: holds the input data[0]={world / 'test.jsonl'}" in error_line(
+        rc, out, "probe"
+    )
+    assert snapshot(world) == before
+
+
+def test_report_into_the_run_it_reads(tmp_path, capsys):
+    """`llds report RUN --out RUN` would replace the run's folder by the report's."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 1, "reward/mean": 0.5}\n', encoding="utf-8")
+    before = snapshot(run)
+    rc, out = cli(["report", str(run), "--out", str(run)], capsys)
+    assert f"out={run}: is the input runs[0]={run}" in error_line(rc, out, "report")
+    assert snapshot(run) == before
