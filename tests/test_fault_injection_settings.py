@@ -71,6 +71,38 @@ def test_answers_stored_as_floats_read_as_written(tmp_path):
     assert [ex.answers for ex in load_examples(data)] == [("1990", "2.5"), ("12",)]
 
 
+CHAT_TEXT = (
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+    "<|im_start|>user\nWho rules Vutok?<|im_end|>"
+)
+
+
+def test_a_prompt_without_its_question_marker_is_refused_by_name(
+    inputs,  # noqa: F811
+    previous_run,  # noqa: F811
+    tmp_path,
+    capsys,
+    no_model_load,  # noqa: F811
+):
+    """A Search-R1 prompt saved chat-templated, without "Question:": the whole text, template
+    and all, once became the question."""
+    data = tmp_path / "chat.parquet"
+    rows = [{"prompt": [{"role": "user", "content": CHAT_TEXT}], "golden_answers": ["Ana"]}] * 2
+    pq.write_table(pa.Table.from_pylist(rows), data)
+    rc, out = cli(train(inputs, previous_run, f"data.train={data}"), capsys)
+    line = error_line(rc, out, "train")
+    assert f"{data} row 0.prompt: no 'Question:' in a prompt of 4 lines" in line
+    assert "give each row a 'question' field" in line
+    assert_untouched(previous_run)
+    # one line without the marker is the question itself; with it, the text after it
+    bare = tmp_path / "bare.parquet"
+    prompts = ["Who rules Vutok?", "Answer briefly.\nQuestion: Who rules Pafon?"]
+    pq.write_table(
+        pa.Table.from_pylist([{"prompt": p, "golden_answers": ["Ana"]} for p in prompts]), bare
+    )
+    assert [ex.question for ex in load_examples(bare)] == ["Who rules Vutok?", "Who rules Pafon?"]
+
+
 # ------------------------------------------------------------------------- training settings
 
 

@@ -71,7 +71,9 @@ def _answer_texts(answer: Any, where: str) -> list[str]:
 
 
 def _question_from_prompt(prompt: Any, where: str) -> str:
-    """The question inside a Search-R1 prompt: the text after the last "Question:" marker."""
+    """The question inside a Search-R1 prompt: the text after the last "Question:" marker. A
+    prompt without the marker is the question only when it is one line: more lines are
+    instructions or a chat template around it, which would become the question unseen."""
     if hasattr(prompt, "tolist"):
         prompt = prompt.tolist()
     if isinstance(prompt, str):
@@ -84,6 +86,13 @@ def _question_from_prompt(prompt: Any, where: str) -> str:
         raise DataFormatError(f"{where}.prompt: message content is not text")
     _, marker, tail = content.rpartition(_QUESTION_MARKER)
     question = (tail if marker else content).strip()
+    lines = question.count("\n") + 1
+    if not marker and lines > 1:
+        raise DataFormatError(
+            f"{where}.prompt: no {_QUESTION_MARKER!r} in a prompt of {lines} lines (instructions "
+            f"or a chat template around the question?), and llds reads the question after the "
+            f"last {_QUESTION_MARKER!r}: give each row a 'question' field"
+        )
     if not question:
         raise DataFormatError(f"{where}.prompt: no question text after {_QUESTION_MARKER!r}")
     return question
