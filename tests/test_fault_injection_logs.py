@@ -143,6 +143,32 @@ def test_report_on_a_compressed_log_cut_short(tmp_path, capsys, caplog):
     assert sorted(p.name for p in folder.iterdir()) == ["metrics.jsonl.gz"]  # nothing written there
 
 
+def test_report_names_steps_that_go_back(tmp_path, capsys, caplog):
+    """Two runs' rows in one log (steps 1-6, then 3-5 again): once read on without a word.
+    The later rows replace the earlier ones from step 3 on, as a resume cuts its log back."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    first = [{"step": s, "reward/mean": 0.1} for s in range(1, 7)]
+    second = [{"step": s, "reward/mean": 0.9} for s in range(3, 6)]
+    log = folder / METRICS_FILE
+    log.write_text("".join(json.dumps(r) + "\n" for r in first + second), encoding="utf-8")
+    rc, out = cli(["report", str(folder), "--out", str(tmp_path / "report")], capsys, caplog)
+    assert rc == 0, out
+    assert (
+        f"{log}: steps go back at 1 line(s) (line 7: step 3 after step 6, the 4 earlier "
+        "row(s) from step 3 on dropped for the later ones); 5 intact row(s) read"
+    ) in out
+    read = read_log(log)
+    assert not read.whole
+    assert [(r["step"], r["reward/mean"]) for r in read.rows] == [
+        (1, 0.1),
+        (2, 0.1),
+        (3, 0.9),
+        (4, 0.9),
+        (5, 0.9),
+    ]
+
+
 def test_plain_text_named_gz_is_one_error(tmp_path):
     path = tmp_path / "metrics.jsonl.gz"
     path.write_text('{"step": 1}\n', encoding="utf-8")

@@ -53,21 +53,36 @@ class MetricsLog:
     """the last line was cut short (a crash while it was written): expected, dropped quietly"""
     cut_short: str | None = None
     """why a compressed log ends before its end (a copy cut short), else None"""
+    restarts: list[tuple[int, int, int, int]] = dataclasses.field(default_factory=list)
+    """`(line number, step, the step before it, rows dropped)` where the steps go back (a
+    second run appended to the log): the later rows replace the earlier ones from that step on,
+    as a resume cuts its log back"""
 
     @property
     def whole(self) -> bool:
-        """Whether every line was read (a torn last line aside)."""
-        return not self.damaged and self.cut_short is None
+        """Whether every line was read (a torn last line aside) and the steps only go up."""
+        return not self.damaged and not self.restarts and self.cut_short is None
 
     def problem(self) -> str:
         """The damage in words, for one line: which lines, why, what was kept."""
         parts = [f"line {n}: {why}" for n, why in self.damaged[:3]]
         if len(self.damaged) > 3:
             parts.append(f"and {len(self.damaged) - 3} more")
+        parts += [
+            f"line {n}: step {step} after step {before}, the {dropped} earlier row(s) from step "
+            f"{step} on dropped for the later ones"
+            for n, step, before, dropped in self.restarts[:3]
+        ]
+        if len(self.restarts) > 3:
+            parts.append(f"and {len(self.restarts) - 3} more")
         if self.cut_short:
             parts.append(self.cut_short)
-        what = f"{len(self.damaged)} damaged line(s) skipped" if self.damaged else "cut short"
-        return f"{self.path}: {what} ({'; '.join(parts)}); {len(self.rows)} intact row(s) read"
+        what = [f"{len(self.damaged)} damaged line(s) skipped"] if self.damaged else []
+        what += [f"steps go back at {len(self.restarts)} line(s)"] if self.restarts else []
+        return (
+            f"{self.path}: {', '.join(what) or 'cut short'} ({'; '.join(parts)}); "
+            f"{len(self.rows)} intact row(s) read"
+        )
 
 
 def _row_problem(raw: bytes) -> tuple[dict[str, Any] | None, str]:
@@ -88,11 +103,13 @@ def _row_problem(raw: bytes) -> tuple[dict[str, Any] | None, str]:
 
 def read_log(path: str | Path) -> MetricsLog:
     """Every intact row of a metrics log (`metrics.jsonl`, or a `.gz` copy), and which lines
-    are not rows: a damaged line costs only itself, never the rows after it. A missing file is
-    an empty log; a file named `.gz` that is not gzip is one `DataFormatError` naming it."""
+    are not rows: a damaged line costs only itself, never the rows after it. Where the steps
+    go back, the later rows replace the earlier ones from that step on (named too). A missing
+    file is an empty log; a file named `.gz` that is not gzip is one `DataFormatError` naming it."""
     file = Path(path)
     rows: list[dict[str, Any]] = []
     damaged: list[tuple[int, str]] = []
+    restarts: list[tuple[int, int, int, int]] = []
     torn = False
     cut_short = None
     if not file.is_file():
@@ -105,6 +122,12 @@ def read_log(path: str | Path) -> MetricsLog:
                     continue
                 row, why = _row_problem(raw.strip())
                 if row is not None:
+                    if rows and row["step"] <= rows[-1]["step"]:
+                        before, dropped = rows[-1]["step"], 0
+                        while rows and rows[-1]["step"] >= row["step"]:
+                            rows.pop()
+                            dropped += 1
+                        restarts.append((line_no, row["step"], before, dropped))
                     rows.append(row)
                 elif raw.endswith(b"\n"):
                     damaged.append((line_no, why))
@@ -115,7 +138,7 @@ def read_log(path: str | Path) -> MetricsLog:
     except (EOFError, zlib.error) as exc:
         what = "ends early" if isinstance(exc, EOFError) else "is damaged"
         cut_short = f"the compressed data {what} after line {line_no}"
-    return MetricsLog(file, rows, damaged, torn, cut_short)
+    return MetricsLog(file, rows, damaged, torn, cut_short, restarts)
 
 
 _told: set[tuple[str, int, int]] = set()
