@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from conftest import mounted_tmpfs
+from llds.algo import group_advantages, kl_penalty, llds_loss, masked_mean, policy_loss
 from llds.cli import main
 from llds.data.loaders import load_examples
 from llds.errors import ConfigError, DataFormatError
@@ -168,8 +169,6 @@ def test_a_base_60_number_is_named(tmp_path, capsys):
 
 
 def test_a_nan_reward_is_an_error_naming_its_row():
-    from llds.algo.advantages import group_advantages
-
     rewards = torch.tensor([1.0, 0.0, float("nan"), 1.0])
     with pytest.raises(ValueError, match=r"rewards: 1 of 4 are not finite \(row 2: nan\)"):
         group_advantages(rewards, [0, 0, 1, 1])
@@ -186,9 +185,6 @@ def test_a_nan_reward_is_an_error_naming_its_row():
     ],
 )
 def test_the_loss_functions_take_the_command_lines_bounds(call, named):
-    from llds.algo.llds import llds_loss
-    from llds.algo.policy_loss import policy_loss
-
     lp, mask, adv = torch.zeros(2, 3), torch.ones(2, 3), torch.tensor([1.0, -1.0])
     kwargs = {"clip_low": -0.2} if call == "policy_loss" else {"coef": -1.0}
     fn = policy_loss if call == "policy_loss" else llds_loss
@@ -196,6 +192,56 @@ def test_the_loss_functions_take_the_command_lines_bounds(call, named):
         fn(lp, lp, adv, mask, **kwargs)
     assert str(err.value).startswith(named)
     fn(lp, lp, adv, mask)  # the defaults pass
+
+
+LP, MASK, ADV = torch.zeros(2, 3), torch.ones(2, 3, dtype=torch.bool), torch.tensor([1.0, -1.0])
+NOT_TENSORS = {
+    "group_advantages": (
+        lambda: group_advantages([1.0, 0.0], [0, 0]),
+        "group_advantages: rewards must be a torch.Tensor, got list",
+    ),
+    "policy_loss": (
+        lambda: policy_loss(LP, LP, [1.0, -1.0], MASK),
+        "policy_loss: advantages must be a torch.Tensor, got list",
+    ),
+    "llds_loss": (
+        lambda: llds_loss(LP.tolist(), LP, ADV, MASK),
+        "llds_loss: log_probs must be a torch.Tensor, got list",
+    ),
+    "kl_penalty": (
+        lambda: kl_penalty(LP, None),
+        "kl_penalty: ref_log_probs must be a torch.Tensor, got NoneType",
+    ),
+    "masked_mean": (
+        lambda: masked_mean(LP, MASK.tolist()),
+        "masked_mean: mask must be a torch.Tensor, got list",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(NOT_TENSORS))
+def test_a_list_where_a_tensor_belongs_is_named(case):
+    """A list (or None) once ended in an AttributeError from deep inside the math."""
+    call, named = NOT_TENSORS[case]
+    with pytest.raises(TypeError) as err:
+        call()
+    assert str(err.value).startswith(named)
+
+
+def test_a_search_batch_with_none_is_named(world_retriever):
+    """In-process and over HTTP alike, before any search or request (the client's port is
+    closed: a request would be a connection error)."""
+    from llds.retrieval.client import HTTPRetriever
+    from test_retrieval_server import free_port
+
+    with pytest.raises(TypeError, match=r"^search: queries\[1\] must be a string, got NoneType"):
+        world_retriever.search(["capital", None], 2)
+    client = HTTPRetriever(f"http://127.0.0.1:{free_port()}", retries=0)
+    with client, pytest.raises(TypeError, match=r"^search: queries\[0\] must be a string, got int"):
+        client.search([7], 2)
+    with pytest.raises(TypeError, match="not a single string"):
+        world_retriever.search("capital", 2)
+    assert len(world_retriever.search(["capital"], 2)) == 1  # a good batch still searches
 
 
 # ------------------------------------------------------------------------------- paths and URLs

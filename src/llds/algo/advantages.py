@@ -7,6 +7,8 @@ from collections.abc import Hashable, Sequence
 import torch
 from torch import Tensor
 
+from llds.algo.arguments import check_tensors
+
 
 def group_index(
     group_ids: Tensor | Sequence[Hashable], device: torch.device | None = None
@@ -35,6 +37,7 @@ def group_advantages(
     prompt uniquely: pooling two prompts into one group is a silent bug. A reward that is NaN
     or infinite is an error naming its row (it would poison its group).
     """
+    check_tensors("group_advantages", rewards=rewards)
     if rewards.dim() != 1:
         raise ValueError(f"rewards must be 1-D [B], got shape {tuple(rewards.shape)}")
     r = rewards.to(torch.float32) if not rewards.is_floating_point() else rewards

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from llds.algo.arguments import check_tensors
+
 
 def kl_penalty(log_probs: Tensor, ref_log_probs: Tensor, kind: str = "k3") -> Tensor:
     """Per-token estimate of KL(pi || pi_ref) from samples of pi (Schulman's k1/k2/k3).
@@ -16,6 +18,7 @@ def kl_penalty(log_probs: Tensor, ref_log_probs: Tensor, kind: str = "k3") -> Te
     - ``abs``: `|log pi - log pi_ref|`
     Gradient flows through `log_probs` only.
     """
+    check_tensors("kl_penalty", log_probs=log_probs, ref_log_probs=ref_log_probs)
     diff = log_probs - ref_log_probs.detach()
     if kind == "k1":
         return diff

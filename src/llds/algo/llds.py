@@ -17,6 +17,7 @@ from typing import get_args
 import torch
 from torch import Tensor
 
+from llds.algo.arguments import check_tensors
 from llds.algo.masking import aggregate, masked_fill_zero
 from llds.algo.segments import action_segments, broadcast_segments, segment_sums
 from llds.config.algo import Gate, LLDSAggregation, LLDSConfig, check_arguments
@@ -96,6 +97,15 @@ def llds_loss(
     Note `d == 0` on the first optimizer step of a rollout batch (pi_theta == pi_old), so LLDS
     acts from the second step on.
     """
+    check_tensors(
+        "llds_loss",
+        log_probs=log_probs,
+        old_log_probs=old_log_probs,
+        advantages=advantages,
+        loss_mask=loss_mask,
+    )
+    if answer_mask is not None:
+        check_tensors("llds_loss", answer_mask=answer_mask)
     check_arguments(LLDSConfig, "llds_loss", coef=coef, answer_weight=answer_weight)
     if aggregation not in LLDS_AGGREGATIONS:
         raise ValueError(

@@ -11,6 +11,7 @@ from typing import get_args
 import torch
 from torch import Tensor
 
+from llds.algo.arguments import check_tensors
 from llds.config.algo import Aggregation
 
 AGGREGATIONS: tuple[str, ...] = get_args(Aggregation)
@@ -31,6 +32,7 @@ def masked_sum(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
 
 def masked_mean(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     """Mean over masked positions; 0 (not NaN) where nothing is masked in."""
+    check_tensors("masked_mean", values=values, mask=mask)
     total = masked_sum(values, mask, dim)
     count = mask.bool().sum() if dim is None else mask.bool().sum(dim)
     return total / count.clamp(min=1).to(total.dtype)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from llds.algo.arguments import check_tensors
 from llds.algo.masking import aggregate, masked_fill_zero, masked_max, masked_mean, masked_min
 from llds.config.algo import AlgoConfig, RatioType, check_arguments
 
@@ -46,6 +47,15 @@ def policy_loss(
     aggregation; None leaves the loss untouched. Returns the aggregated loss and detached
     statistics (no host sync).
     """
+    check_tensors(
+        "policy_loss",
+        log_probs=log_probs,
+        old_log_probs=old_log_probs,
+        advantages=advantages,
+        loss_mask=loss_mask,
+    )
+    if weights is not None:
+        check_tensors("policy_loss", weights=weights)
     check_arguments(AlgoConfig, "policy_loss", clip_low=clip_low, clip_high=clip_high)
     if clip_high is None:
         clip_high = clip_low

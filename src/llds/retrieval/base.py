@@ -31,3 +31,19 @@ class Retriever(Protocol):
     """`search(queries, k)` returns, for each query, its top-`k` hits best first."""
 
     def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]: ...
+
+
+def check_search(queries: object, k: object) -> None:
+    """A search batch as every retriever takes it, checked before any work (one `TypeError` or
+    `ValueError` naming the argument, not an AttributeError from inside a tokenizer): a
+    sequence of strings, not one string, and `k >= 1`."""
+    if isinstance(queries, str) or not isinstance(queries, Sequence):
+        what = "a single string" if isinstance(queries, str) else type(queries).__name__
+        raise TypeError(f"search: queries must be a sequence of strings, not {what}")
+    for i, query in enumerate(queries):
+        if not isinstance(query, str):
+            raise TypeError(
+                f"search: queries[{i}] must be a string, got {type(query).__name__} ({query!r:.40})"
+            )
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"search: k must be an integer >= 1, got {k!r}")

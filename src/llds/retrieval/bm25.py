@@ -27,7 +27,7 @@ import Stemmer
 
 from llds.errors import UserInputError
 from llds.io import atomic_directory
-from llds.retrieval.base import Hit
+from llds.retrieval.base import Hit, check_search
 from llds.retrieval.corpus import ids_and_contents
 from llds.retrieval.docstore import DocStore, MappedDocs, MemoryDocs, save_docs
 from llds.retrieval.manifest import read_meta, write_meta
@@ -169,10 +169,7 @@ class BM25Retriever:
         Queries are tokenized together; each is then scored over its terms' postings in the
         bm25s score matrix (see `_top_k`).
         """
-        if isinstance(queries, str):
-            raise TypeError("queries must be a sequence of strings, not a single string")
-        if k < 1:
-            raise ValueError(f"k must be >= 1, got {k}")
+        check_search(queries, k)
         results: list[list[Hit]] = [[] for _ in queries]
         if not queries:
             return results

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 
 from llds.errors import UserInputError
-from llds.retrieval.base import Hit
+from llds.retrieval.base import Hit, check_search
 from llds.retrieval.protocol import ReplyError, decode_hits
 
 log = logging.getLogger("llds.retrieval.client")
@@ -88,8 +88,7 @@ class HTTPRetriever:
         self.close()
 
     def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
-        if isinstance(queries, str):
-            raise TypeError("queries must be a sequence of strings, not a single string")
+        check_search(queries, k)
         results: list[list[Hit]] = []
         for start in range(0, len(queries), self.batch_size):
             chunk = list(queries[start : start + self.batch_size])

@@ -21,7 +21,7 @@ import numpy as np
 
 from llds.errors import UserInputError
 from llds.io import atomic_directory, atomic_write
-from llds.retrieval.base import Hit
+from llds.retrieval.base import Hit, check_search
 from llds.retrieval.corpus import ids_and_contents
 from llds.retrieval.docstore import DocStore, MappedDocs, MemoryDocs, save_docs
 from llds.retrieval.manifest import read_meta, write_meta
@@ -183,10 +183,7 @@ class DenseRetriever:
         return cls(model, resolved, index, MappedDocs(root))
 
     def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
-        if isinstance(queries, str):
-            raise TypeError("queries must be a sequence of strings, not a single string")
-        if k < 1:
-            raise ValueError(f"k must be >= 1, got {k}")
+        check_search(queries, k)
         results: list[list[Hit]] = [[] for _ in queries]
         active = [i for i, q in enumerate(queries) if q.strip()]
         if not active:
