@@ -146,6 +146,53 @@ def test_a_huge_passage_is_cut_before_it_is_tokenized(world_tokenizer):
     assert text.startswith(cut) and len(world_tokenizer.encode(cut, add_special_tokens=False)) <= 40
 
 
+CHINESE = [
+    "北京是中华人民共和国的首都，也是全国的政治和文化中心。",
+    "长江是中国最长的河流，流经十一个省份。",
+]
+
+
+def _index(tmp_path: Path, name: str, texts: list[str], capsys, caplog) -> tuple[Path, list[str]]:
+    """`llds index` of a corpus of `texts`: the index and the warnings it logged."""
+    import json
+
+    corpus = tmp_path / f"{name}.jsonl"
+    rows = [{"id": str(i), "contents": f'"{i}"\n{t}'} for i, t in enumerate(texts)]
+    corpus.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), "utf-8")
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="llds.retrieval.bm25"):
+        rc, out = cli(["index", f"corpus={corpus}", "--out", str(tmp_path / name)], capsys)
+    assert rc == 0, out
+    return tmp_path / name, [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+
+
+def test_a_corpus_the_analyzer_does_not_split_is_named_at_index_time(tmp_path, capsys, caplog):
+    """A Chinese corpus, not segmented: each phrase is one "word" to the English analyzer, so a
+    search for a word finds nothing (once without a warning)."""
+    from llds.retrieval.bm25 import BM25Retriever
+
+    index, warned = _index(tmp_path, "zh", CHINESE, capsys, caplog)
+    assert warned == [
+        f"{tmp_path / 'zh.jsonl'}: 2 of 2 passages looked at are mostly text without spaces "
+        "between its words (Chinese, Japanese, Thai, ...); the BM25 analyzer is English (it "
+        "splits at spaces and punctuation), so it keeps each phrase as one word and searches "
+        "will find next to nothing: put spaces between the words first (a word segmenter), or "
+        "build a dense index (method=dense)"
+    ]
+    assert BM25Retriever.load(index).search(["北京"], 2) == [[]]  # what the warning says
+    # the same text with spaces between its words: no warning, and the word is found
+    segmented = [
+        "北京 是 中华人民共和国 的 首都 ， 也 是 全国 的 政治 和 文化 中心 。",
+        "长江 是 中国 最长 的 河流",
+    ]
+    index, warned = _index(tmp_path, "zh_words", segmented, capsys, caplog)
+    assert warned == []
+    assert [h.id for h in BM25Retriever.load(index).search(["北京"], 2)[0]] == ["0"]
+    assert (
+        _index(tmp_path, "en", ["Paris is the capital of France (巴黎)."], capsys, caplog)[1] == []
+    )
+
+
 def test_a_second_config_is_refused_by_name(tmp_path, capsys):
     out_dir = tmp_path / "w"
     args = ["world", "--config", "world-organism", "--config", "world-hard", "--out", str(out_dir)]

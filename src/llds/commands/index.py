@@ -35,7 +35,11 @@ def run(cfg: Any, args: argparse.Namespace) -> int:
     if cfg.write_corpus:
         write_corpus(cfg.write_corpus, passages)
     retriever = build_retriever(
-        passages, method=cfg.method, model_dir=cfg.model, show_progress=cfg.progress
+        passages,
+        method=cfg.method,
+        model_dir=cfg.model,
+        show_progress=cfg.progress,
+        source=cfg.corpus or "the Wikipedia summaries",
     )
     retriever.save(cfg.out)
     print(

@@ -53,7 +53,11 @@ def _app(cfg: Any) -> tuple[Any, int]:
     else:
         passages = corpus_passages(cfg.corpus, wiki=cfg.wiki)
         retriever = build_retriever(
-            passages, method=cfg.method, model_dir=cfg.model, show_progress=cfg.progress
+            passages,
+            method=cfg.method,
+            model_dir=cfg.model,
+            show_progress=cfg.progress,
+            source=cfg.corpus or "the Wikipedia summaries",
         )
     app = create_app(
         retriever,

@@ -10,7 +10,9 @@ fewer than `k` hits (none at all for an empty query or one made only of stopword
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -35,6 +37,42 @@ from llds.retrieval.progress import progress_bar
 
 BM25_SUBDIR = "bm25"
 _TOKENIZE_CHUNK = 2000
+_SAMPLED = 2000
+"""passages (spread over the corpus) whose script is looked at, and their first 2000 characters"""
+
+log = logging.getLogger(__name__)
+
+UNSPACED_SCRIPTS = (
+    (0x0E00, 0x0EFF),  # Thai, Lao
+    (0x1000, 0x109F),  # Myanmar
+    (0x1780, 0x17FF),  # Khmer
+    (0x3040, 0x30FF),  # Hiragana, Katakana
+    (0x3400, 0x4DBF),  # CJK Extension A
+    (0x4E00, 0x9FFF),  # CJK Unified Ideographs
+    (0xF900, 0xFAFF),  # CJK Compatibility Ideographs
+)
+"""scripts written without spaces between words: the analyzer keeps each run of them as one
+"word" (a whole phrase), so a search finds a passage only by that phrase"""
+_UNSPLIT_RUN = re.compile(
+    "[" + "".join(f"\\u{lo:04x}-\\u{hi:04x}" for lo, hi in UNSPACED_SCRIPTS) + "]{7,}"
+)
+"""a run of 7 or more such letters: a phrase, not a word (segmented text has spaces between)"""
+
+
+def unsplit_share(contents: Sequence[str]) -> tuple[int, int]:
+    """`(passages mostly in unsplit phrases, passages looked at)`, over at most 2000 passages
+    spread evenly over `contents`: a passage counts when over half of its letters are in runs of
+    7 or more letters of one of `UNSPACED_SCRIPTS` (text already split into words has spaces
+    between them, and passes)."""
+    step = max(1, len(contents) // _SAMPLED)
+    sample = contents[::step][:_SAMPLED]
+    unsplit = 0
+    for text in sample:
+        head = text[:2000]
+        letters = sum(ch.isalpha() for ch in head)
+        in_runs = sum(len(m) for m in _UNSPLIT_RUN.findall(head))
+        unsplit += 2 * in_runs > letters > 0
+    return unsplit, len(sample)
 
 
 def _stemmer() -> Stemmer.Stemmer:
@@ -86,9 +124,25 @@ class BM25Retriever:
         k1: float = 0.9,
         b: float = 0.4,
         show_progress: bool = True,
+        source: str = "the corpus",
     ) -> BM25Retriever:
-        """Index `(id, contents)` pairs or corpus-row dicts (see `corpus.as_passages`)."""
+        """Index `(id, contents)` pairs or corpus-row dicts (see `corpus.as_passages`). A
+        corpus mostly in a script this analyzer does not split into words (Chinese, Japanese,
+        Thai, ...) is named in a warning (`source`: the corpus's name in it): it is indexed, but
+        its searches would find next to nothing."""
         ids, contents = ids_and_contents(passages, "BM25")
+        unsplit, looked = unsplit_share(contents)
+        if unsplit * 10 >= looked:  # a tenth or more of the passages
+            log.warning(
+                "%s: %d of %d passages looked at are mostly text without spaces between its "
+                "words (Chinese, Japanese, Thai, ...); the BM25 analyzer is English (it splits "
+                "at spaces and punctuation), so it keeps each phrase as one word and searches "
+                "will find next to nothing: put spaces between the words first (a word "
+                "segmenter), or build a dense index (method=dense)",
+                source,
+                unsplit,
+                looked,
+            )
         stemmer = _stemmer()
         tokens: list[list[str]] = []
         with progress_bar(show_progress) as bar:

@@ -17,12 +17,14 @@ def build_retriever(
     method: str = "bm25",
     model_dir: str | None = None,
     show_progress: bool = True,
+    source: str = "the corpus",
 ) -> Retriever:
-    """Build an in-process backend over `passages` (an iterable of pairs or corpus dicts)."""
+    """Build an in-process backend over `passages` (an iterable of pairs or corpus dicts);
+    `source` names them in a warning (a corpus file)."""
     if method == "bm25":
         from llds.retrieval.bm25 import BM25Retriever
 
-        return BM25Retriever.build(passages, show_progress=show_progress)
+        return BM25Retriever.build(passages, show_progress=show_progress, source=source)
     if method == "dense":
         from llds.retrieval.dense import DenseRetriever
 
@@ -72,7 +74,8 @@ def open_retriever(spec: str | os.PathLike[str], **kwargs: Any) -> Retriever:
     if path.is_file():
         from llds.retrieval.corpus import read_corpus
 
-        return build_retriever(read_corpus(path), **{"show_progress": False, **kwargs})
+        kwargs = {"show_progress": False, "source": str(path), **kwargs}
+        return build_retriever(read_corpus(path), **kwargs)
     raise UserInputError(
         f"retriever {text!r}: not a URL, an index directory or a corpus file{url_hint(text)}"
     )
