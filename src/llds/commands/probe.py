@@ -31,16 +31,20 @@ def run(cfg: Any, args: argparse.Namespace) -> int:
     adapter = adapter_dir_of(cfg.model) if cfg.model != "smollm2" else None
     if adapter is not None:  # a LoRA checkpoint (or its adapter/): probed on its base, merged
         cfg = dataclasses.replace(cfg, model=str(adapter))  # the protocol is saved beside it
-    check_model(cfg.model)  # the directory, or the adapter's recorded base
+    protocol, source = cfg.protocol.resolve(cfg.model)
+    check_model(cfg.model, chat=protocol.chat)  # the directory, or the adapter's recorded base
     from llds.data.loaders import load_many
+    from llds.probe.config import probed_questions
     from llds.retrieval.factory import open_answering_retriever
 
-    protocol, source = cfg.protocol.resolve(cfg.model)
     examples = load_many(cfg.data, limit=cfg.limit)  # the user's files, before torch
+    only = None
+    if cfg.questions_from:  # an earlier probe's questions, checked to sample as this one
+        only = probed_questions(cfg.questions_from, cfg, dataclasses.asdict(protocol))
     retriever = open_answering_retriever(cfg.retriever)
     from llds.probe.one_step import probe_model  # torch: after every input's check
 
-    summary, results = probe_model(cfg, protocol, examples=examples, retriever=retriever)
+    summary, results = probe_model(cfg, protocol, examples=examples, retriever=retriever, only=only)
     # after the work, so that an input refused on the way is the only line printed
     print(f"protocol from {source}, overrides applied: {protocol}")
     if results:

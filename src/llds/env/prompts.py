@@ -67,6 +67,24 @@ class PromptTemplate:
     def default(cls) -> PromptTemplate:
         return cls(DEFAULT_INSTRUCTION)
 
+    @classmethod
+    def from_spec(cls, spec: str | None, key: str) -> PromptTemplate:
+        """A config's template: inline text with {question}, a file holding one, or None for
+        the default; anything else is one `ConfigError` naming `key`. Torch-free, so that a
+        command reads it before any model loads."""
+        if spec is None:
+            return cls.default()
+        if QUESTION_FIELD in spec:
+            return cls(spec)
+        if not Path(spec).is_file():
+            raise ConfigError(
+                f"{key}: {spec!r} is neither a file nor a template with {QUESTION_FIELD}"
+            )
+        try:
+            return cls.from_file(spec)
+        except ConfigError as exc:
+            raise ConfigError(f"{key}: {exc}") from None
+
 
 def _as_template(template: PromptTemplate | str | None) -> PromptTemplate:
     if template is None:

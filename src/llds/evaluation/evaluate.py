@@ -100,18 +100,20 @@ def results_table(results: EvalResult) -> str:
     return "\n".join(lines)
 
 
-def check_model(model: str) -> None:
+def check_model(model: str, *, chat: bool | None = None) -> None:
     """The model `run_evaluation` (or `llds probe`) will load, checked once, before the
     retriever opens (a corpus file's index takes its time to build): a model directory's files
-    and its architecture, or a LoRA checkpoint's recorded base; one line naming the key."""
-    from llds.models.hf import check_model_source
+    and its architecture, or a LoRA checkpoint's recorded base, and that its tokenizer has a
+    chat template where the protocol's `chat` is true; one line naming the key."""
+    from llds.models.hf import check_chat, check_model_source
     from llds.policy.lora import adapter_dir_of, base_model_path
 
     adapter = adapter_dir_of(model) if model != "smollm2" else None
     if adapter is None:
         check_model_source("model", model)
     else:
-        base_model_path(adapter)
+        model = base_model_path(adapter)  # whose tokenizer the adapted model uses
+    check_chat("protocol.chat", model, chat)
 
 
 def run_evaluation(cfg: EvalConfig, protocol: Protocol | None = None) -> EvalResult:
@@ -136,7 +138,7 @@ def run_evaluation(cfg: EvalConfig, protocol: Protocol | None = None) -> EvalRes
     examples = load_many(cfg.data, limit=cfg.limit)
     served = is_url(cfg.retriever)
     retriever = open_answering_retriever(cfg.retriever, topk=proto.topk) if served else None
-    check_model(cfg.model)
+    check_model(cfg.model, chat=proto.chat)
     if retriever is None:
         retriever = open_answering_retriever(cfg.retriever, topk=proto.topk)
     from llds.policy.setup import load_model  # torch

@@ -304,6 +304,47 @@ def check_model_source(key: str, name: str, *, architecture: bool = True) -> Non
         raise UserInputError(f"{key}: {exc}") from None
 
 
+CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
+"""files beside the tokenizer that hold its chat template (transformers reads them too, and
+`additional_chat_templates/`), besides `tokenizer_config.json`'s `chat_template`"""
+
+
+def has_chat_template(path: Path) -> bool | None:
+    """Whether the tokenizer saved in model directory `path` has a chat template, read from its
+    files (no tokenizer loaded); None when the directory holds no `tokenizer_config.json` (the
+    tokenizer is elsewhere: a hub id, an adapter on its base)."""
+    import json
+
+    config = path / "tokenizer_config.json"
+    if not config.is_file():
+        return None
+    if any((path / f).is_file() for f in CHAT_TEMPLATE_FILES):
+        return True
+    extra = path / "additional_chat_templates"
+    if extra.is_dir() and any(extra.glob("*.jinja")):
+        return True
+    try:
+        saved = json.loads(config.read_bytes())
+    except (UnicodeDecodeError, ValueError):
+        return None  # the loader names a damaged file
+    return bool(saved.get("chat_template")) if isinstance(saved, dict) else None
+
+
+def check_chat(key: str, model: str, chat: bool | None) -> None:
+    """Refuse `chat=True` for a local model whose tokenizer has no chat template, before it
+    loads (it was refused only once the tokenizer had loaded). Hub ids and `smollm2` are left
+    to the prompt builder."""
+    if chat is not True or not model or model == "smollm2":
+        return
+    path = Path(model).expanduser()
+    if path.is_dir() and has_chat_template(path) is False:
+        raise UserInputError(
+            f"{key}: true, but the tokenizer of {model!r} has no chat template (no "
+            f"chat_template in its tokenizer_config.json, no {CHAT_TEMPLATE_FILES[0]}): set "
+            f"{key}=false, or leave it unset to use a chat template where there is one"
+        )
+
+
 def prepare_tokenizer(tokenizer: Any) -> Any:
     """Pad with EOS when the tokenizer has no pad token; pad on the left (batched generation)."""
     if tokenizer.pad_token is None:

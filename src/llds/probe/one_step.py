@@ -34,7 +34,7 @@ from llds.config.algo import AlgoConfig, LLDSConfig
 from llds.data.example import QAExample
 from llds.env.prompts import PromptTemplate, build_prompt_ids
 from llds.policy.forward import batched_log_probs, response_log_probs
-from llds.probe.config import ProbeConfig
+from llds.probe.config import RUN_ONLY, ProbeConfig, probed_questions
 from llds.probe.update import (
     TRAINER_ADAM,
     AdamSettings,
@@ -390,21 +390,6 @@ def plot_probe(results: Sequence[ProbeResult], path, title: str = "One-step prob
 
 
 PARTIAL = "probe.partial.jsonl"
-# where and how far a probe runs: no question's outcome depends on these
-RUN_ONLY = ("out", "device", "limit", "max_probed")
-# what a probe's questions' rollouts do not depend on; every other setting must match for
-# questions_from (the model, data, retriever, seed, group size, temperature, protocol)
-NOT_SAMPLING = (
-    *RUN_ONLY,
-    "questions_from",
-    "lr",
-    "optimizer",
-    "betas",
-    "eps",
-    "weight_decay",
-    "updates",
-    "llds_coef",
-)
 
 
 def _settings(cfg: ProbeConfig) -> dict[str, Any]:
@@ -450,61 +435,22 @@ def _resume(path, settings: dict[str, Any]) -> tuple[int, list[ProbeResult]]:
     return (done[-1]["index"] + 1 if done else 0), results
 
 
-def _same_path(a: Any, b: Any) -> bool:
-    from pathlib import Path
-
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_same_path(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, str) and isinstance(b, str):
-        return Path(a).resolve() == Path(b).resolve()
-    return a == b
-
-
-def probed_questions(path, cfg: ProbeConfig, protocol: dict[str, Any] | None = None) -> set[str]:
-    """The example ids an earlier probe (`path`: its probe.json or its folder) probed, checked
-    to have sampled its rollouts as `cfg` will; a setting that differs is named."""
-    import json
-    from pathlib import Path
-
-    from llds.errors import UserInputError
-
-    path = Path(path)
-    if path.is_dir():
-        path = path / "probe.json"
-    try:
-        earlier = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
-        raise UserInputError(f"questions_from: {path}: not a readable probe.json ({e})") from None
-    settings = earlier.get("settings") if isinstance(earlier, dict) else None
-    if not isinstance(settings, dict) or not isinstance(earlier.get("results", []), list):
-        raise UserInputError(f"questions_from: {path}: no 'settings' and 'results' of a probe")
-    ours = asdict(cfg)
-    ours.pop("protocol")  # the overrides; the protocol they resolve to is compared below
-    if protocol is not None and "protocol" in settings:  # older probes did not record it
-        ours["protocol"] = protocol
-    for key in (k for k in ours if k not in NOT_SAMPLING):
-        if not _same_path(settings.get(key), ours[key]):
-            raise UserInputError(
-                f"questions_from: {path}: its {key} is {settings.get(key)!r}, this probe's is "
-                f"{ours[key]!r}; the questions would not get the same rollouts"
-            )
-    return {r["example_id"] for r in earlier.get("results", [])}
-
-
 def probe_model(
     cfg: ProbeConfig,
     protocol: Protocol | None = None,
     *,
     examples: Sequence[QAExample] | None = None,
     retriever: Retriever | None = None,
+    only: set[str] | None = None,
 ) -> tuple[dict[str, Any], list[ProbeResult]]:
     """Run the probe on `cfg.model` with its saved protocol (or the given one); writes
     `OUT/probe.json` (and `OUT/probe.png` when a question was probed).
 
     Each question's outcome is appended to `OUT/probe.partial.jsonl` as it is measured, so a
     stopped probe started again with the same settings goes on from the next question.
-    `examples` and `retriever`, when given, stand for `cfg.data` read and `cfg.retriever`
-    opened (`llds probe` reads them before this module's torch is imported)."""
+    `examples`, `retriever` and `only`, when given, stand for `cfg.data` read, `cfg.retriever`
+    opened and `cfg.questions_from`'s questions (`llds probe` reads them before this module's
+    torch is imported)."""
     import json
     from pathlib import Path
 
@@ -520,6 +466,11 @@ def probe_model(
         examples = load_many(cfg.data, limit=cfg.limit)
     if retriever is None:
         retriever = open_answering_retriever(cfg.retriever)
+    # the protocol (template, topk, turn limits) shapes every rollout: a resume or a
+    # questions_from= under another one would mix groups sampled differently
+    sampling = asdict(proto)
+    if only is None and cfg.questions_from:
+        only = probed_questions(cfg.questions_from, cfg, sampling)
     model, tok = load_model(ModelConfig(path=cfg.model, device=cfg.device), device_key="device")
     rollout = RolloutConfig(
         **proto.rollout_limits(), group_size=cfg.group_size, temperature=cfg.temperature
@@ -527,11 +478,7 @@ def probe_model(
     template = proto.template()
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    # the protocol (template, topk, turn limits) shapes every rollout: a resume or a
-    # questions_from= under another one would mix groups sampled differently
-    sampling = asdict(proto)
     partial, settings = out / PARTIAL, {**_settings(cfg), "protocol": sampling}
-    only = probed_questions(cfg.questions_from, cfg, sampling) if cfg.questions_from else None
     start, earlier = _resume(partial, settings)
     if start == 0:
         partial.write_text(json.dumps({"settings": settings}) + "\n", encoding="utf-8")

@@ -71,13 +71,16 @@ def warm_start(cfg: SFTConfig) -> dict[str, Any]:
 
 
 def _check_before_work(cfg: SFTConfig) -> None:
-    """Every setting, and a model directory at once (before the data is prepared); then torch's
-    CPU threads as `threads` sets them."""
+    """Every setting, and a model directory at once (before the data is prepared), with a
+    `chat=true` its tokenizer cannot follow; then torch's CPU threads as `threads` sets them."""
     cfg.validate()
     if cfg.model:
-        from llds.models.hf import check_model_source
+        from llds.models.hf import check_chat, check_model_source
 
         check_model_source("model", cfg.model)
+        check_chat("chat", cfg.model, cfg.chat)
+    elif cfg.tiny and cfg.chat:  # a BPE tokenizer fitted to the world: a base model's
+        raise UserInputError("chat: true, but tiny=true's tokenizer has no chat template")
     if cfg.threads:
         import torch
 

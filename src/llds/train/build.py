@@ -237,17 +237,7 @@ def train_examples(cfg: TrainConfig, given: Sequence[QAExample] | None) -> Seque
 
 def prompt_template(cfg: TrainConfig) -> PromptTemplate:
     """`data.prompt_template`: inline text with {question}, a file, or null for the default."""
-    spec = cfg.data.prompt_template
-    if spec is None:
-        return PromptTemplate.default()
-    if "{question}" in spec:
-        return PromptTemplate(spec)
-    path = Path(spec)
-    if not path.is_file():
-        raise UserInputError(
-            f"data.prompt_template: {spec!r} is neither a file nor a template with {{question}}"
-        )
-    return PromptTemplate.from_file(path)
+    return PromptTemplate.from_spec(cfg.data.prompt_template, "data.prompt_template")
 
 
 def prompts(cfg: TrainConfig, tokenizer: Any) -> PromptEncoder:

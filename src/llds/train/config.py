@@ -414,8 +414,11 @@ def _refuse_second_topk(data: Mapping[str, object], source: str | None) -> None:
 
 def check_inputs(cfg: TrainConfig) -> None:
     """Refuse a local input (model, data, corpus) that does not exist, in one line that says
-    how to make it: the config's `make_inputs`, else where relative paths start from."""
-    from llds.models.hf import check_model_source
+    how to make it: the config's `make_inputs`, else where relative paths start from; then the
+    model directory, the prompt template and a chat setting its tokenizer cannot follow, all
+    before any model loads."""
+    from llds.env.prompts import PromptTemplate
+    from llds.models.hf import check_chat, check_model_source
 
     for key, path in _local_inputs(cfg):
         if Path(path).expanduser().exists():
@@ -426,6 +429,8 @@ def check_inputs(cfg: TrainConfig) -> None:
             f"{key}: {path} does not exist (paths are relative to the working directory){how}"
         )
     check_model_source("model.path", cfg.model.path)  # config, tokenizer, weights whole
+    PromptTemplate.from_spec(cfg.data.prompt_template, "data.prompt_template")
+    check_chat("model.chat", cfg.model.path, cfg.model.chat)
 
 
 def check_prompts_fit(cfg: TrainConfig, questions: int, source: str = "data.train") -> None:
