@@ -104,7 +104,15 @@ def test_a_preset_names_the_command_that_makes_its_missing_inputs(
 
 
 def test_inputs_that_are_not_local_paths_are_not_checked(tmp_path, monkeypatch):
+    """A URL and a `trivia:` list are left to their readers; a hub id is looked up in the local
+    Hugging Face cache only (here a cache holding it)."""
+    from huggingface_hub import constants
+
     monkeypatch.chdir(tmp_path)
+    repo = tmp_path / "hf-cache" / "models--Qwen--Qwen2.5-3B-Instruct"
+    _write(repo / "snapshots" / ("0" * 40) / "config.json", "{}")
+    _write(repo / "refs" / "main", "0" * 40)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
     cfg = load_config(
         None,
         [

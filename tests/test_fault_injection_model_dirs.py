@@ -1,11 +1,18 @@
 """Broken model directories, through the real command line: a directory without its tokenizer,
-a `model.safetensors` cut short, no weights, and a mistyped local path. Each command that loads
-a model (train, eval, probe, sft) refuses it before any work, in one line naming the key and
-the problem, at once (no hub lookups for a path), writing nothing."""
+a `model.safetensors` cut short, no weights, a mistyped local path, and a hub id that is not in
+the local cache while the hub is off or out of reach. Each command that loads a model (train,
+eval, probe, sft) refuses it before any work, in one line naming the key and the problem, at
+once (no hub lookups for a path; one short request for a hub id, not transformers' 50 s of
+retries), writing nothing."""
 
 from __future__ import annotations
 
+import json
+import os
+import resource
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -129,3 +136,89 @@ def test_safetensors_header_check_by_hand(tmp_path) -> None:
     assert "header alone needs" in safetensors_problem(f)
     f.write_bytes(b"\1\2")
     assert "no safetensors header" in safetensors_problem(f)
+
+
+HUB_RUN = """
+import json, sys
+from llds.cli import main
+code = main(%r)
+heavy = [m for m in ("torch", "transformers") if m in sys.modules]
+print(json.dumps({"code": code, "heavy": heavy}))
+"""
+
+
+@pytest.mark.parametrize(
+    ("name", "hub"),
+    [
+        ("train", "offline"),
+        ("train", "unreachable"),
+        ("eval", "offline"),
+        ("probe", "unreachable"),
+        ("sft", "offline"),
+    ],
+)
+def test_a_hub_id_not_in_the_cache_is_one_line_at_once(
+    inputs,  # noqa: F811
+    previous_run,  # noqa: F811
+    tmp_path,
+    name,
+    hub,
+) -> None:
+    """An empty Hugging Face cache, and the hub either switched off (`HF_HUB_OFFLINE=1`) or
+    at an address where nothing listens: once 50 s and 24 lines of transformers' retries."""
+    from test_retrieval_server import free_port
+
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
+    env["HF_HUB_CACHE"] = str(tmp_path / "hf-cache")
+    if hub == "offline":
+        env["HF_HUB_OFFLINE"] = "1"
+    else:
+        env["HF_ENDPOINT"] = f"http://127.0.0.1:{free_port()}"
+    out = previous_run if name == "train" else tmp_path / "out"
+    args = command(name, inputs, "llds-test/no-such-model", out)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    proc = subprocess.run(
+        [sys.executable, "-c", HUB_RUN % (args,)], env=env, capture_output=True, text=True
+    )
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    result = json.loads(proc.stdout.splitlines()[-1])
+    assert (result["code"], result["heavy"]) == (2, []), proc.stderr
+    [line] = proc.stderr.strip().splitlines()
+    key = "model.path" if name == "train" else "model"
+    assert line.startswith(
+        f"llds {name}: error: {key}: 'llds-test/no-such-model' is not in the local Hugging "
+        f"Face cache ({tmp_path / 'hf-cache'}), and "
+    ), line
+    why = "HF_HUB_OFFLINE is set" if hub == "offline" else f"{env.get('HF_ENDPOINT')} cannot be"
+    assert why in line and "`hf download llds-test/no-such-model`" in line, line
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    assert cpu < 2.5, f"{cpu:.2f} s of CPU before the line"
+    if name == "train":
+        assert_untouched(previous_run)
+    else:
+        assert not out.exists()
+
+
+CACHED = """
+from llds.models.hf import check_model_source, load_policy
+check_model_source("model.path", "llds-test/tiny")
+model, tokenizer = load_policy("llds-test/tiny")
+print(type(model).__name__, tokenizer.__class__.__name__)
+"""
+
+
+def test_a_cached_hub_id_passes_and_loads_offline(inputs, tmp_path) -> None:  # noqa: F811
+    """A hub id in the cache's layout (refs/main -> snapshots/<commit>/) passes the check, and
+    it is where transformers itself loads it from, with the hub off."""
+    cache = tmp_path / "hf-cache"
+    repo = cache / "models--llds-test--tiny"
+    commit = "0" * 40
+    shutil.copytree(inputs / "model", repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit, encoding="utf-8")
+    env = {**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", CACHED], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "ForCausalLM" in proc.stdout

@@ -370,6 +370,31 @@ def test_no_resume_moves_the_earlier_run_aside(inputs, reference, run, capsys, c
     )
 
 
+def test_a_resume_without_its_starting_model_says_why_it_needs_it(
+    inputs, tmp_path, capsys, caplog
+) -> None:
+    """The start model deleted after a checkpoint was written: the resume stops before any
+    work, in one line that says the run still loads it (once 47 lines of hub retries for a
+    hub id, and nothing about the reference model)."""
+    model = tmp_path / "start-model"
+    shutil.copytree(inputs / "model", model)
+    run = tmp_path / "run"
+    assert cli(train_args(inputs, run, f"model.path={model}", "steps=2"), capsys, caplog)[0] == 0
+    before = snapshot(run)
+    model.rename(tmp_path / "moved-away")
+    rc, out = cli(train_args(inputs, run, f"model.path={model}"), capsys, caplog)
+    assert error_line(rc, out).endswith(
+        f"model.path: {model} does not exist (paths are relative to the working directory); "
+        f"the run in {run} resumes from its checkpoint but still loads its starting model (the "
+        "KL reference, and a LoRA run's base)"
+    )
+    assert snapshot(run) == before
+    args = [*train_args(inputs, run, f"model.path={model}"), "--no-resume"]  # not a resume
+    rc, out = cli(args, capsys, caplog)
+    assert "resumes from its checkpoint" not in error_line(rc, out)
+    assert snapshot(run) == before
+
+
 # ----------------------------------------------------------------------- retriever outage
 
 

@@ -57,7 +57,7 @@ def run(cfg: Any, args: argparse.Namespace) -> int:
     source = cfg.retriever.source or ""
     if url_hint(source) and not Path(source).exists():  # `localhost:8000`: not a missing file
         raise ConfigError(f"retriever.source: {source} is not a file or folder{url_hint(source)}")
-    check_inputs(cfg)
+    check_inputs(cfg, resume=not args.no_resume)
     setup_logging(cfg.logging.verbose)
     examples, search = read_inputs(cfg)
     from llds.train import run as train_run  # torch

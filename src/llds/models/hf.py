@@ -290,18 +290,54 @@ def resolve_model_source(
     return name
 
 
+HUB_TIMEOUT = 3.0
+"""seconds the hub is given to answer when a hub id is not in the local cache"""
+
+
+def hub_problem(name: str) -> str | None:
+    """Why hub id `name` cannot load at once, else None: it is not in the local Hugging Face
+    cache, and the hub is off (`HF_HUB_OFFLINE`) or does not answer one request in
+    `HUB_TIMEOUT` seconds (transformers' own retries took 50 s and 24 lines to say so)."""
+    from huggingface_hub import constants, try_to_load_from_cache
+    from huggingface_hub.errors import HFValidationError
+
+    try:
+        cached = try_to_load_from_cache(name, "config.json", cache_dir=constants.HF_HUB_CACHE)
+    except HFValidationError as exc:
+        return f"is not a hub id ({exc})"
+    if isinstance(cached, str):
+        return None
+    where = f"is not in the local Hugging Face cache ({constants.HF_HUB_CACHE})"
+    if constants.is_offline_mode():
+        return f"{where}, and HF_HUB_OFFLINE is set"
+    import httpx
+
+    try:
+        httpx.head(constants.ENDPOINT, timeout=HUB_TIMEOUT)
+    except httpx.HTTPError as exc:
+        return f"{where}, and {constants.ENDPOINT} cannot be reached ({exc or type(exc).__name__})"
+    return None
+
+
 def check_model_source(key: str, name: str, *, architecture: bool = True) -> None:
     """The model a command will load, checked before any work: a local directory that is
-    missing, incomplete or cut short is one line naming `key` (hub ids and the packaged
-    `smollm2` are left to their loaders). `architecture=False`: all but whether transformers
-    knows its model type (which imports transformers and torch), for a first check that the
-    command's other inputs follow before that one."""
+    missing, incomplete or cut short, or a hub id neither cached nor downloadable now, is one
+    line naming `key` (the packaged `smollm2` is left to its loader). `architecture=False`: all
+    but whether transformers knows its model type (which imports transformers and torch), for a
+    first check that the command's other inputs follow before that one."""
     if name == "smollm2":
         return
     try:
         resolve_model_source(name, architecture=architecture)
     except UserInputError as exc:
         raise UserInputError(f"{key}: {exc}") from None
+    if not _looks_like_path(name):
+        problem = hub_problem(name)
+        if problem:
+            raise UserInputError(
+                f"{key}: {name!r} {problem}: download it where the hub can be reached "
+                f"(`hf download {name}`), or give a model directory"
+            )
 
 
 CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")

@@ -412,23 +412,36 @@ def _refuse_second_topk(data: Mapping[str, object], source: str | None) -> None:
         )
 
 
-def check_inputs(cfg: TrainConfig) -> None:
+def check_inputs(cfg: TrainConfig, *, resume: bool = True) -> None:
     """Refuse a local input (model, data, corpus) that does not exist, in one line that says
     how to make it: the config's `make_inputs`, else where relative paths start from; then the
-    model directory, the prompt template and a chat setting its tokenizer cannot follow, all
-    before any model loads."""
+    model (a directory's files, or a hub id cached or downloadable), the prompt template and a
+    chat setting its tokenizer cannot follow, all before any model loads. A run that will
+    resume (`resume`, and `run_dir` holds a checkpoint) is told why it needs its starting
+    model still."""
     from llds.env.prompts import PromptTemplate
     from llds.models.hf import check_chat, check_model_source
 
+    resumes = resume and any((Path(cfg.run_dir) / "checkpoints").glob("step_*"))
+    why = (
+        f"; the run in {cfg.run_dir} resumes from its checkpoint but still loads its starting "
+        "model (the KL reference, and a LoRA run's base)"
+        if resumes
+        else ""
+    )
     for key, path in _local_inputs(cfg):
         if Path(path).expanduser().exists():
             continue
         fits = any(_inside(path, out) for out in made_by(cfg.make_inputs))
         how = f"; make it with `{cfg.make_inputs}`" if fits else ""
+        how += why if key == "model.path" else ""
         raise UserInputError(
             f"{key}: {path} does not exist (paths are relative to the working directory){how}"
         )
-    check_model_source("model.path", cfg.model.path)  # config, tokenizer, weights whole
+    try:
+        check_model_source("model.path", cfg.model.path)  # config, tokenizer, weights whole
+    except UserInputError as exc:
+        raise UserInputError(f"{exc}{why}") from None
     PromptTemplate.from_spec(cfg.data.prompt_template, "data.prompt_template")
     check_chat("model.chat", cfg.model.path, cfg.model.chat)
 
