@@ -18,10 +18,15 @@ and the size of the checkpoint each arm writes after its last step. Arms:
   in every pass (`rollout.prefix_sharing=true`).
 
     python benchmarks/smollm2_lora_step.py [--steps 3] [--arms full lora copy shared]
-        [--threads 2] [--work DIR]
+        [--threads 2] [--work DIR] [--json PATH]
 
 Needs the optional packages of the README (SmolLM2, Red-Trivia, Wikipedia summaries) and the
 warm start; the last line is `LoRA step speedup: X.XXx` (the fastest LoRA arm against `full`).
+`--json PATH` also writes the measurement as data: the machine, the command and, for each arm
+in order, its preset, its overrides of that preset, the median of each phase, the median
+mismatch and the checkpoint's size. The LoRA study's decision 1 is read from it
+(`experiments/smollm2_wiki_lora/run.py --decide-sampling PATH`: the LoRA arm with the shortest
+median step).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine
+from llds.io import write_json
 from llds.train.config import load_config
 from llds.train.trainer import GRPOTrainer
 
@@ -60,6 +66,7 @@ def main() -> None:
     ap.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
     ap.add_argument("--threads", type=int, default=2, help="torch threads (all arms alike)")
     ap.add_argument("--work", type=Path, default=None, help="run folders (default: a temp dir)")
+    ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = ap.parse_args()
     if args.steps < 2:
         sys.exit("--steps: at least 2 (a warm-up and a measured step)")
@@ -86,8 +93,9 @@ def main() -> None:
         arm: {p: statistics.median(r.get(f"time/{p}", 0.0) for r in rows[arm][1:]) for p in PHASES}
         for arm in arms
     }
+    command = f"python benchmarks/smollm2_lora_step.py {shlex.join(sys.argv[1:])}"
     print(f"\nmachine: {machine()}; torch threads {args.threads}")
-    print(f"command: `python benchmarks/smollm2_lora_step.py {shlex.join(sys.argv[1:])}`")
+    print(f"command: `{command}`")
     print(
         "arms alternated step by step in one process, the same warm start, seed and data; "
         f"median over steps 2-{args.steps} (step 1 is the warm-up)\n"
@@ -100,6 +108,9 @@ def main() -> None:
     mismatch = [_median_of(rows[a][1:], MISMATCH) for a in arms]
     print("| mismatch k3 KL | " + " | ".join(_num(m) for m in mismatch) + " |")
     print("| checkpoint | " + " | ".join(f"{sizes[a] / 2**20:.1f} MiB" for a in arms) + " |")
+    if args.json is not None:
+        write_json(args.json, _record(args, command, arms, med, mismatch, sizes))
+        print(f"figures written to {args.json}")
     lora = [a for a in arms if a != "full"]
     if "full" in arms and lora:
         best = min(lora, key=lambda a: med[a]["step"])
@@ -107,6 +118,38 @@ def main() -> None:
         for a in lora:
             print(f"{ARMS[a][0]}: step {_ratio(med['full']['step'], med[a]['step']):.2f}x full's")
         print(f"LoRA step speedup: {_ratio(med['full']['step'], med[best]['step']):.2f}x")
+
+
+def _record(
+    args: argparse.Namespace,
+    command: str,
+    arms: list[str],
+    med: dict[str, dict[str, float]],
+    mismatch: list[float | None],
+    sizes: dict[str, int],
+) -> dict:
+    """What `--json` writes: enough for a reader to rebuild the table and for the LoRA study
+    to take its decision 1 from it without parsing the printed text."""
+    return {
+        "benchmark": "benchmarks/smollm2_lora_step.py",
+        "machine": machine(),
+        "threads": args.threads,
+        "command": command,
+        "steps": args.steps,
+        "measured_steps": list(range(2, args.steps + 1)),
+        "arms": [
+            {
+                "arm": arm,
+                "name": ARMS[arm][0],
+                "preset": ARMS[arm][1],
+                "overrides": list(ARMS[arm][2]),
+                "median_s": med[arm],
+                "mismatch_k3_kl": mismatch[i],
+                "checkpoint_bytes": sizes[arm],
+            }
+            for i, arm in enumerate(arms)
+        ],
+    }
 
 
 def _trainer(run_dir: Path, arm: str) -> GRPOTrainer:
