@@ -1,6 +1,7 @@
-"""The SmolLM2-wiki LoRA study's driver (`experiments/smollm2_wiki_lora/run.py`) and its GPU
-route (`gpu.py`): the pilot's rules on hand-made logs, the decisions, the plan and its refusals,
-and tiny LoRA runs parked, carried and resumed to the very rows of a run never stopped."""
+"""The SmolLM2-wiki LoRA study's driver (`experiments/smollm2_wiki_lora/run.py`, its
+`decisions.py` and `tables.py`) and its GPU route (`gpu.py`): the pilot's rules on hand-made
+logs, the decisions, the plan and its refusals, and tiny LoRA runs parked, carried and resumed
+to the very rows of a run never stopped."""
 
 from __future__ import annotations
 
@@ -17,10 +18,13 @@ import pytest
 from conftest import comparable
 from llds.policy.lora import ADAPTER_DIR, ADAPTER_WEIGHTS
 from llds.runs.tracking import read_metrics
+from smollm2_wiki_lora import decisions as D
 from smollm2_wiki_lora import gpu as G
+from smollm2_wiki_lora import protocol as P
 from smollm2_wiki_lora import run as R
+from smollm2_wiki_lora import tables as T
 
-PILOT = R.STAGES["pilot"]
+PILOT = P.STAGES["pilot"]
 COPY = ["rollout.dtype=bfloat16", "rollout.attn_implementation=llds_grouped"]
 
 
@@ -30,7 +34,7 @@ def _arm(arm: str, preset: str, step: float, overrides=()) -> dict[str, Any]:
         "name": arm,
         "preset": preset,
         "overrides": list(overrides),
-        "median_s": {p: 1.0 for p in R.PHASES} | {"step": step},
+        "median_s": {p: 1.0 for p in P.PHASES} | {"step": step},
         "mismatch_k3_kl": 1e-4 if overrides else None,
         "checkpoint_bytes": 2**20,
     }
@@ -73,38 +77,38 @@ def test_the_pilot_rules_on_hand_made_logs() -> None:
         {10: 30 / 68, 20: 30 / 68, 30: 30 / 68}, reward=lambda s: 0.6 if s <= 15 else 0.1
     )
     scores = {
-        "lr2e-5": R.pilot_score(
+        "lr2e-5": D.pilot_score(
             "lr2e-5", pilot_rows({10: 10 / 68, 20: 14 / 68, 30: 15 / 68}), PILOT
         ),
-        "lr5e-5": R.pilot_score(
+        "lr5e-5": D.pilot_score(
             "lr5e-5", pilot_rows({10: 13 / 68, 20: 13 / 68, 30: 13 / 68}), PILOT
         ),
-        "lr1e-4": R.pilot_score("lr1e-4", collapsing, PILOT),
+        "lr1e-4": D.pilot_score("lr1e-4", collapsing, PILOT),
     }
     assert scores["lr1e-4"].collapse == 21
     assert scores["lr1e-4"].out == "its reward collapsed at step 21"
     assert scores["lr2e-5"].mean_em == pytest.approx(13 / 68) and scores["lr2e-5"].out is None
-    assert R.choose_lr(scores) == "lr2e-5"
+    assert D.choose_lr(scores) == "lr2e-5"
     # one more question at step 30 for lr5e-5: (13 + 13 + 14) / 3 / 68 > 13 / 68
-    scores["lr5e-5"] = R.pilot_score(
+    scores["lr5e-5"] = D.pilot_score(
         "lr5e-5", pilot_rows({10: 13 / 68, 20: 13 / 68, 30: 14 / 68}), PILOT
     )
-    assert R.choose_lr(scores) == "lr5e-5"
+    assert D.choose_lr(scores) == "lr5e-5"
     # ... unless it skipped an update for a non-finite loss
     skipped = pilot_rows({10: 13 / 68, 20: 13 / 68, 30: 14 / 68}, skipped_at=17)
-    scores["lr5e-5"] = R.pilot_score("lr5e-5", skipped, PILOT)
+    scores["lr5e-5"] = D.pilot_score("lr5e-5", skipped, PILOT)
     assert scores["lr5e-5"].out == "it skipped 1 update(s) for a non-finite loss"
-    assert R.choose_lr(scores) == "lr2e-5"
+    assert D.choose_lr(scores) == "lr2e-5"
     # the evaluations at step 0 and between the rule's steps are not read; a short log waits
     extra = pilot_rows({0: 1.0, 10: 0.1, 15: 1.0, 20: 0.2, 30: 0.3})
-    assert R.pilot_score("x", extra, PILOT).mean_em == pytest.approx(0.2)
-    assert R.pilot_score("x", pilot_rows({10: 0.1, 20: 0.2}, steps=25), PILOT).mean_em is None
+    assert D.pilot_score("x", extra, PILOT).mean_em == pytest.approx(0.2)
+    assert D.pilot_score("x", pilot_rows({10: 0.1, 20: 0.2}, steps=25), PILOT).mean_em is None
     # rank: 4 at an equal mean (13/68 against 13/68, other sums), 16 below it or when 4 is out
     r16 = scores["lr2e-5"]
-    equal = R.pilot_score("r4", pilot_rows({10: 12 / 68, 20: 13 / 68, 30: 14 / 68}), PILOT)
-    below = R.pilot_score("r4", pilot_rows({10: 12 / 68, 20: 13 / 68, 30: 13 / 68}), PILOT)
-    out = R.pilot_score("r4", pilot_rows({10: 0.5, 20: 0.5, 30: 0.5}, skipped_at=3), PILOT)
-    assert [R.choose_rank(r16, s) for s in (equal, below, out)] == [4, 16, 16]
+    equal = D.pilot_score("r4", pilot_rows({10: 12 / 68, 20: 13 / 68, 30: 14 / 68}), PILOT)
+    below = D.pilot_score("r4", pilot_rows({10: 12 / 68, 20: 13 / 68, 30: 13 / 68}), PILOT)
+    out = D.pilot_score("r4", pilot_rows({10: 0.5, 20: 0.5, 30: 0.5}, skipped_at=3), PILOT)
+    assert [D.choose_rank(r16, s) for s in (equal, below, out)] == [4, 16, 16]
 
 
 def test_decisions_from_the_benchmark_and_the_pilot_logs(tmp_path: Path, capsys) -> None:
@@ -115,9 +119,9 @@ def test_decisions_from_the_benchmark_and_the_pilot_logs(tmp_path: Path, capsys)
     path = bench(
         tmp_path / "bench.json",
         _arm("full", "smollm2-wiki-rl", 50.0),
-        _arm("lora", R.PRESET, 90.0),
-        _arm("copy", R.PRESET, 80.0, COPY),
-        _arm("shared", R.PRESET, 80.0, ["rollout.prefix_sharing=true"]),
+        _arm("lora", P.PRESET, 90.0),
+        _arm("copy", P.PRESET, 80.0, COPY),
+        _arm("shared", P.PRESET, 80.0, ["rollout.prefix_sharing=true"]),
     )
     R.main(["--decide-sampling", str(path), "--results", str(results)])
     made = json.loads((results / "decisions.json").read_text())["sampling"]
@@ -125,7 +129,7 @@ def test_decisions_from_the_benchmark_and_the_pilot_logs(tmp_path: Path, capsys)
     assert made["median_step_s"] == 80.0
     assert "**Chosen: copy** (median step 80.0 s" in (results / "decisions.md").read_text()
     R.main(["--decide-sampling", str(path), "--results", str(results)])  # the same: kept
-    other = bench(tmp_path / "other.json", _arm("lora", R.PRESET, 70.0))
+    other = bench(tmp_path / "other.json", _arm("lora", P.PRESET, 70.0))
     with pytest.raises(SystemExit) as err:
         R.main(["--decide-sampling", str(other), "--results", str(results)])
     assert str(err.value) == (
@@ -133,10 +137,10 @@ def test_decisions_from_the_benchmark_and_the_pilot_logs(tmp_path: Path, capsys)
     )
     for bad, why in (
         (_arm("full", "smollm2-wiki-rl", 1.0), "no arm on the smollm2-wiki-lora"),
-        ({"arm": "x", "preset": R.PRESET}, "arms[0] needs median_s.step"),
+        ({"arm": "x", "preset": P.PRESET}, "arms[0] needs median_s.step"),
     ):
         with pytest.raises(SystemExit, match=re.escape(why)):
-            R.sampling_decision({"arms": [bad]}, "b.json")
+            D.sampling_decision({"arms": [bad]}, "b.json")
 
     # the three rank-16 runs complete: lr5e-5 has the highest mean, r4 is planned at its rate
     for arm, ems in (
@@ -147,7 +151,7 @@ def test_decisions_from_the_benchmark_and_the_pilot_logs(tmp_path: Path, capsys)
         commit_log(
             results, "pilot", arm, 100, pilot_rows(dict(zip((10, 20, 30), ems, strict=True)))
         )
-    decisions = R.derive_decisions(results, PILOT)
+    decisions = D.derive_decisions(results, PILOT)
     assert decisions["learning_rate"]["arm"] == "lr5e-5" and "rank" not in decisions
     inp = R.Inputs("model", tmp_path / "data", "index")
     r4 = R.plan(PILOT, inp, tmp_path / "work", results, decisions, 2)[-1]
@@ -162,22 +166,22 @@ def test_decisions_from_the_benchmark_and_the_pilot_logs(tmp_path: Path, capsys)
     # 2e-3 repeated) reaches the floor: truncated importance sampling
     rows = pilot_rows({10: 0.2, 20: 0.2, 30: 0.2})
     for i, row in enumerate(rows):
-        row[R.K3_KEY] = (5e-4, 1e-3, 2e-3)[i % 3]
+        row[P.K3_KEY] = (5e-4, 1e-3, 2e-3)[i % 3]
     commit_log(results, "pilot", "r4", 100, rows)
-    decisions = R.derive_decisions(results, PILOT)
+    decisions = D.derive_decisions(results, PILOT)
     assert decisions["rank"]["rank"] == 4 and decisions["rank"]["pilot_run"] == "r4"
     assert decisions["correction"]["k3_kl_median"] == 1e-3
-    assert decisions["correction"]["overrides"] == list(R.TIS)
+    assert decisions["correction"]["overrides"] == list(D.TIS)
     text = (results / "decisions.md").read_text()
     assert "**Learning rate: 5e-05** (lr5e-5)" in text and "**Rank: 4**" in text
     assert "**truncated importance sampling, cap 2** (pilot run r4: median" in text
     # below the floor, or without a bf16 copy, nothing is corrected
-    assert R.correction_decision(made, "r4", 9.9e-4)["overrides"] == []
-    assert R.correction_decision({"bf16_copy": False}, "r4", 0.5)["overrides"] == []
+    assert D.correction_decision(made, "r4", 9.9e-4)["overrides"] == []
+    assert D.correction_decision({"bf16_copy": False}, "r4", 0.5)["overrides"] == []
     # a committed log that no longer gives the recorded decision stops the call in one line
     commit_log(results, "pilot", "lr2e-5", 100, pilot_rows({10: 0.9, 20: 0.9, 30: 0.9}))
     with pytest.raises(SystemExit, match=re.escape("decision (['optim.lr=5e-05']) differs from")):
-        R.derive_decisions(results, PILOT)
+        D.derive_decisions(results, PILOT)
 
 
 def _dry_run(capsys, *args: str) -> list[dict]:
@@ -201,7 +205,7 @@ def test_the_plan_its_order_and_the_refusals_before_the_decisions(tmp_path: Path
         R.main(["--stage", "pilot", "--parallel", "3", *common])
     assert "--parallel: 1 or 2" in capsys.readouterr().err
 
-    R.decide_sampling(results, bench(tmp_path / "b.json", _arm("copy", R.PRESET, 9.0, COPY)))
+    D.decide_sampling(results, bench(tmp_path / "b.json", _arm("copy", P.PRESET, 9.0, COPY)))
     pilot = _dry_run(capsys, "--stage", "pilot", *common)
     assert [(r["arm"], r["seed"], r["run"]) for r in pilot] == [
         ("lr2e-5", 100, True),
@@ -231,12 +235,12 @@ def test_the_plan_its_order_and_the_refusals_before_the_decisions(tmp_path: Path
     assert "no decision 3" in str(err.value)
 
     rule = {"scores": {}, "rule": "by hand"}
-    decisions = R.read_decisions(results) | {
+    decisions = D.read_decisions(results) | {
         "learning_rate": {"arm": "lr1e-4", "lr": 1e-4, "overrides": ["optim.lr=0.0001"], **rule},
-        "rank": {"rank": 16, "overrides": R.rank_overrides(16), "pilot_run": "lr1e-4", **rule},
-        "correction": R.correction_decision(R.read_decisions(results)["sampling"], "lr1e-4", 2e-3),
+        "rank": {"rank": 16, "overrides": D.rank_overrides(16), "pilot_run": "lr1e-4", **rule},
+        "correction": D.correction_decision(D.read_decisions(results)["sampling"], "lr1e-4", 2e-3),
     }
-    R.write_decisions(results, decisions)
+    D.write_decisions(results, decisions)
     commit_log(
         results, "study", "GRPO", 0, [{"step": s, "reward/mean": 0.5} for s in range(1, 121)]
     )
@@ -299,7 +303,7 @@ def test_the_study_answers_from_hand_made_evaluations(tmp_path: Path) -> None:
             )
             base = results / "runs" / "study" / R.arm_dir_name(arm) / f"seed{seed}"
             (base / "eval.json").write_text(json.dumps({"120": scores(em, 0.5 + em - 0.2)}))
-    summary = R.study_summary(results, R.STAGES["study"])
+    summary = T.study_summary(results, P.STAGES["study"])
     assert summary["answer"] == "yes" and summary["warm_start"]["test_se"] == pytest.approx(0.04)
     assert summary["test"]["grpo_gain"] == pytest.approx(0.06)
     assert summary["test"]["at_step"] == {
@@ -317,21 +321,21 @@ def test_the_study_answers_from_hand_made_evaluations(tmp_path: Path) -> None:
     for seed, em in enumerate((0.301, 0.302, 0.35)):
         path = results / "runs" / "study" / "GRPO_LLDS" / f"seed{seed}" / "eval.json"
         path.write_text(json.dumps({"120": scores(em, 0.6)}))
-    v = R.study_summary(results, R.STAGES["study"])["test"]["llds_vs_grpo"]
+    v = T.study_summary(results, P.STAGES["study"])["test"]["llds_vs_grpo"]
     assert v["llds_above_grpo_in_every_seed"] and v["median_difference"] == pytest.approx(0.042)
     assert v["verdict"] == "no difference measured"
     (results / "runs" / "study" / "GRPO_LLDS" / "seed0" / "eval.json").write_text(
         json.dumps({"120": scores(0.29, 0.6)})
     )
-    v = R.study_summary(results, R.STAGES["study"])["test"]["llds_vs_grpo"]
+    v = T.study_summary(results, P.STAGES["study"])["test"]["llds_vs_grpo"]
     assert not v["llds_above_grpo_in_every_seed"] and v["verdict"] == "no difference measured"
     # a GRPO seed short of step 120: no answer
     shutil.rmtree(results / "runs" / "study" / "GRPO" / "seed2")
-    summary = R.study_summary(results, R.STAGES["study"])
+    summary = T.study_summary(results, P.STAGES["study"])
     assert summary["answer"] == "incomplete" and summary["llds_answer"] == "incomplete"
 
 
-SMOKE_BENCH = (_arm("lora", R.PRESET, 1.0),)
+SMOKE_BENCH = (_arm("lora", P.PRESET, 1.0),)
 """decision 1 for the tiny runs: the preset as committed (what gpu.py --smoke stands in)"""
 
 
@@ -344,7 +348,7 @@ def straight(tmp_path_factory) -> dict[str, Any]:
     """The smoke pilot's first run, lr2e-5, through the driver without a stop."""
     root = tmp_path_factory.mktemp("straight")
     results, work = root / "results", root / "work"
-    R.decide_sampling(results, bench(root / "b.json", *SMOKE_BENCH))
+    D.decide_sampling(results, bench(root / "b.json", *SMOKE_BENCH))
     R.main(
         [
             "--smoke",
@@ -369,13 +373,13 @@ def test_a_parked_lora_run_resumes_through_the_driver_bit_identically(straight, 
     adapter, AdamW state, RNG and step), its work folder gone: the driver unparks it, resumes
     it to the straight run's rows and adapter bytes, and retires the archive."""
     results, work = tmp_path / "results", tmp_path / "work"
-    R.decide_sampling(results, bench(tmp_path / "b.json", *SMOKE_BENCH))
+    D.decide_sampling(results, bench(tmp_path / "b.json", *SMOKE_BENCH))
     shutil.copytree(
         straight["results"] / "runs" / "pilot" / "step0", results / "runs" / "pilot" / "step0"
     )
-    smoke = R.SMOKE_STAGES["pilot"]
+    smoke = P.SMOKE_STAGES["pilot"]
     inp = R.smoke_inputs(work / "smoke-inputs")
-    first = R.plan(smoke, inp, work, results, R.read_decisions(results), 1, ["lr2e-5"])[0]
+    first = R.plan(smoke, inp, work, results, D.read_decisions(results), 1, ["lr2e-5"])[0]
     left, taken = R.train_in_process([first["config"]], max_steps=1)
     assert taken == 1 and len(left) == 1
     common = [
@@ -406,7 +410,7 @@ def test_a_parked_lora_run_resumes_through_the_driver_bit_identically(straight, 
     assert not any(n.startswith("checkpoints/step_000001/model") for n in names)  # no merged
     assert "metrics.jsonl" in names and "checkpoints/latest" not in names
     log = results / "runs" / "pilot" / "lr2e-5" / "seed100" / "metrics.jsonl.gz"
-    assert [r["step"] for r in R.stage_rows(results, "pilot", "lr2e-5", 100)] == [1]
+    assert [r["step"] for r in P.stage_rows(results, "pilot", "lr2e-5", 100)] == [1]
 
     shutil.rmtree(work / "pilot")  # a new machine
     R.main(common)
@@ -423,7 +427,7 @@ def test_gpu_smoke_round_trip_carries_the_runs_under_the_limit(straight, tmp_pat
     that state in again, one step: the run completes to the straight run's rows, its archive
     retired; each state under 64 MiB and each call's progress written."""
     start = tmp_path / "start"
-    R.decide_sampling(start, bench(tmp_path / "b.json", *SMOKE_BENCH))
+    D.decide_sampling(start, bench(tmp_path / "b.json", *SMOKE_BENCH))
     state0 = tmp_path / "state0.tar"
     with tarfile.open(state0, "w") as tar:
         tar.add(start / "decisions.json", arcname="decisions.json")
@@ -470,7 +474,7 @@ def test_gpu_smoke_round_trip_carries_the_runs_under_the_limit(straight, tmp_pat
     with tarfile.open(state2) as tar:
         assert not any(n.startswith("parked/") for n in tar.getnames())
         tar.extractall(back, filter="data")
-    rows = R.stage_rows(back, "pilot", "lr2e-5", 100)
+    rows = P.stage_rows(back, "pilot", "lr2e-5", 100)
     assert comparable(rows) == straight["rows"]
     machines = [json.loads(x) for x in (back / "runs/pilot/lr2e-5/seed100/machines.jsonl").open()]
     assert [m["from_step"] for m in machines] == [0, 1]

@@ -42,13 +42,16 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: shared modules
 from llds.io import atomic_write
+from smollm2_wiki_lora import decisions as D
+from smollm2_wiki_lora import protocol as P
 from smollm2_wiki_lora import run as R
+from smollm2_wiki_lora import tables as T
 
 STATE_LIMIT = 64 * 2**20
 """What one transfer carries back from a lent machine, at most."""
 STATE, LOGS, PROGRESS = "state.tar", "logs.tar.gz", "progress.jsonl"
 KEPT = (
-    R.DECISIONS,
+    D.DECISIONS,
     "decisions.md",
     R.WARM_START,
     "pilot.md",
@@ -94,13 +97,13 @@ def load_state(source: Path | None, results: Path, smoke: bool) -> None:
                 {
                     "arm": "lora",
                     "name": "LoRA, bf16 (smoke)",
-                    "preset": R.PRESET,
+                    "preset": P.PRESET,
                     "overrides": [],
                     "median_s": {"step": 0.0},
                 }
             ],
         }
-        R.write_decisions(results, {"sampling": R.sampling_decision(bench, "smoke")})
+        D.write_decisions(results, {"sampling": D.sampling_decision(bench, "smoke")})
         return
     source = R.RESULTS if source is None else source
     if source.is_dir():
@@ -195,7 +198,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--reserve-s", type=float, default=30.0, help="kept for the last state")
     ap.add_argument("--out", type=Path, required=True, help="work folder (runs, inputs)")
     ap.add_argument("--results", type=Path, required=True, help="OUT: state, logs, progress")
-    ap.add_argument("--stage", choices=list(R.STAGES), default=None, help="default: the next")
+    ap.add_argument("--stage", choices=list(P.STAGES), default=None, help="default: the next")
     ap.add_argument("--max-steps", type=int, default=None, help="steps in all, at most")
     ap.add_argument("--model", default="runs/smollm2-wiki-rl/sft/model", help="the warm start")
     ap.add_argument("--data", type=Path, default=Path("data/trivia-wiki"))
@@ -211,7 +214,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     say(clock, out, "start", machine=machine(), argv=list(sys.argv[1:] if argv is None else argv))
     results, work = args.out / "results", args.out / "work"
     load_state(args.resume, results, args.smoke)
-    stages = R.SMOKE_STAGES if args.smoke else R.STAGES
+    stages = P.SMOKE_STAGES if args.smoke else P.STAGES
     threads = args.threads or (1 if args.smoke else 4)
     if args.smoke:
         inp = R.smoke_inputs(args.out / "smoke-inputs")
@@ -226,10 +229,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     deadline = clock.deadline(args.reserve_s)
     steps_left = args.max_steps
     while True:
-        decisions = R.derive_decisions(results, stages["pilot"])
-        name = args.stage or ("study" if not R.missing_decisions("study", decisions) else "pilot")
+        decisions = D.derive_decisions(results, stages["pilot"])
+        name = args.stage or ("study" if not D.missing_decisions("study", decisions) else "pilot")
         try:
-            R.refuse_without_decisions(name, decisions, results)
+            D.refuse_without_decisions(name, decisions, results)
         except SystemExit as e:
             say(clock, out, "refused", why=str(e))
             raise
@@ -244,10 +247,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         if not todo or steps_left == 0 or time.monotonic() >= deadline:
             break
         R.prepare(runs, inp, work, results)
-        if not (results / "runs" / name / R.STEP0 / "eval.json").is_file():
+        if not (results / "runs" / name / P.STEP0 / "eval.json").is_file():
             say(clock, out, "step 0 evaluation", stage=name)
-            R.evaluate_step0(todo[0]["config"], work / name / R.STEP0)
-            R.collect_eval(work / name / R.STEP0, results / "runs" / name / R.STEP0)
+            R.evaluate_step0(todo[0]["config"], work / name / P.STEP0)
+            R.collect_eval(work / name / P.STEP0, results / "runs" / name / P.STEP0)
         say(clock, out, "runs", stage=name, runs=[f"{r['arm']} {r['seed']}" for r in todo])
         left, taken = R.train_in_process(
             [r["config"] for r in todo],
@@ -259,8 +262,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         carrier.save()
         if left:  # the budget or --max-steps ended it; else plan again (the pilot's r4 or
             break  # the study may follow)
-    R.derive_decisions(results, stages["pilot"])
-    R.write_tables(results, stages)
+    D.derive_decisions(results, stages["pilot"])
+    T.write_tables(results, stages)
     carrier.save()
     if carrier.behind:
         print(

@@ -30,9 +30,7 @@ import dataclasses
 import gc
 import gzip
 import json
-import math
 import shutil
-import statistics
 import sys
 import tarfile
 import time
@@ -42,12 +40,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: shared modules
 from _common import config_data, finished, print_dry_run, run_unfinished
-from llds.analysis.pooled import summarize
-from llds.analysis.seeds import seed_spread
-from llds.analysis.significance import exact_permutation_p
-from llds.analysis.study_logs import COMMITTED_LOG, arm_dir_name, read_committed_metrics
+from llds.analysis.study_logs import COMMITTED_LOG, arm_dir_name
 from llds.io import atomic_write, write_json
-from llds.report.collapse import collapse_step
 from llds.train.checkpoint import checkpoint_step, find_resumable
 from llds_strength.run import (
     MACHINES_LOG,
@@ -59,17 +53,31 @@ from llds_strength.run import (
     retire_parked,
     unpark,
 )
-from smollm2_wiki.answer import MIN_GAIN, TEST, TRANSFER, binomial_se
 from smollm2_wiki.gpu import SMOKE_RUN, eval_data
+from smollm2_wiki_lora.decisions import (
+    DECISION_NAMES,
+    decide_sampling,
+    derive_decisions,
+    rank_overrides,
+    refuse_without_decisions,
+)
+from smollm2_wiki_lora.protocol import (
+    PILOT_LRS,
+    PILOT_RANK,
+    PRESET,
+    SMALL_RANK,
+    SMOKE_STAGES,
+    STAGES,
+    STEP0,
+    STUDY_ARMS,
+    Stage,
+    ordered,
+)
+from smollm2_wiki_lora.tables import write_tables
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
-PRESET = "smollm2-wiki-lora"
-DECISIONS = "decisions.json"
 WARM_START = "warm_start.json"
-STEP0 = "step0"
-"""Each stage's step-0 evaluation (every run of a stage starts from the same model: the LoRA
-adapters start at zero, so rank, learning rate and LLDS do not change it)."""
 INPUT_PATHS = ("model.path", "data.train", "data.eval", "retriever.source")
 """Config keys that say where the inputs are: another machine may keep them elsewhere. A
 resume in this process allows them to change; the adapter records its base's fingerprint, so
@@ -77,42 +85,7 @@ another base is still refused."""
 MAX_PARALLEL = 2
 """The protocol: at most two runs unfinished at a time (a parking adds at most two
 checkpoints to the repository)."""
-
-PILOT_SEED = 100
-PILOT_RANK, SMALL_RANK = 16, 4
-PILOT_LRS = {"lr2e-5": 2e-5, "lr5e-5": 5e-5, "lr1e-4": 1e-4}
-"""The pilot's rank-16 arms, in the protocol's order (increasing rate: ties go to the lower)."""
-RANK_ARM = "r4"
-GRPO, LLDS = "GRPO", "GRPO+LLDS"
-STUDY_ARMS = {GRPO: ("algo.llds.enabled=false",), LLDS: ("algo.llds.enabled=true",)}
-SEEDS = (0, 1, 2)
-K3_KEY = "mismatch/k3_kl"
-K3_FLOOR = 1e-3
-"""Decision 3: the median `mismatch/k3_kl` from which the study corrects the bf16 copy."""
-TIS = ("algo.rollout_correction.mode=tis", "algo.rollout_correction.cap=2")
-PHASES = ("rollout", "old_logprob", "ref_logprob", "update", "diagnostics", "step")
 LOGS = ("alarms.jsonl", MACHINES_LOG)
-ROUND = 9
-"""Means are compared at 9 decimals: a mean of shares of 68 questions that ties another exactly
-may differ from it in the last bit, depending on the order it was summed in."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Stage:
-    """A stage's length and how often it evaluates (the rules read the evaluations at every
-    `eval_every` steps, not step 0)."""
-
-    name: str
-    steps: int
-    eval_every: int
-
-    @property
-    def eval_steps(self) -> list[int]:
-        return list(range(self.eval_every, self.steps + 1, self.eval_every))
-
-
-STAGES = {"pilot": Stage("pilot", 30, 10), "study": Stage("study", 120, 40)}
-SMOKE_STAGES = {"pilot": Stage("pilot", 2, 1), "study": Stage("study", 2, 1)}
 SMOKE = (*SMOKE_RUN[1:], "data.prompt_template=Question: {question}\n", "save_every=1")
 """`--smoke`'s shrunken rollouts (the SmolLM2 study's, but its step count: each stage has its
 own) and a prompt for a model without a chat template."""
@@ -159,337 +132,6 @@ def smoke_inputs(root: Path) -> Inputs:
         tok = tokenizer_for_world(world, 400)
         save_tiny(tiny_causal_lm_for(tok, hidden_size=64, num_layers=2, seed=0), tok, model)
     return Inputs(str(model), data, str(root / "world" / "corpus.jsonl"), smoke=True)
-
-
-# ---------------------------------------------------------------------------------- decisions
-
-
-class DecisionError(SystemExit):
-    """A decision that cannot be read or made: one line, naming the file."""
-
-
-def read_decisions(results: Path) -> dict[str, Any]:
-    path = results / DECISIONS
-    if not path.is_file():
-        return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise DecisionError(f"{path}: not readable JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise DecisionError(f"{path}: expected an object of decisions")
-    return data
-
-
-def sampling_decision(bench: Mapping[str, Any], where: str) -> dict[str, Any]:
-    """Decision 1 from the benchmark's `--json` figures: the LoRA arm (an arm on this study's
-    preset) with the shortest median step; equal medians go to the arm listed first."""
-    arms = bench.get("arms")
-    if not isinstance(arms, list) or not arms:
-        raise DecisionError(f"{where}: no 'arms' list (write it with --json)")
-    lora = []
-    for i, arm in enumerate(arms):
-        if not isinstance(arm, dict):
-            raise DecisionError(f"{where}: arms[{i}] is not an object")
-        step = (arm.get("median_s") or {}).get("step")
-        overrides = arm.get("overrides")
-        if not isinstance(step, int | float) or not isinstance(overrides, list):
-            raise DecisionError(f"{where}: arms[{i}] needs median_s.step and overrides")
-        if arm.get("preset") == PRESET:
-            lora.append(arm)
-    if not lora:
-        raise DecisionError(f"{where}: no arm on the {PRESET} preset (no LoRA arm measured)")
-    best = min(lora, key=lambda a: float(a["median_s"]["step"]))  # min keeps the first of ties
-    overrides = [str(o) for o in best["overrides"]]
-    return {
-        "arm": best.get("arm"),
-        "name": best.get("name"),
-        "overrides": overrides,
-        "bf16_copy": any(o.startswith("rollout.dtype=") for o in overrides),
-        "median_step_s": float(best["median_s"]["step"]),
-        "rule": "the LoRA arm with the shortest median step (PROTOCOL.md, decision 1)",
-        "benchmark": dict(bench),
-    }
-
-
-def decide_sampling(results: Path, bench_path: Path) -> dict[str, Any]:
-    """Record decision 1 from `bench_path`; an existing, different decision 1 is kept and the
-    call refused (the protocol fixes each decision once)."""
-    try:
-        bench = json.loads(bench_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise DecisionError(f"{bench_path}: not readable JSON ({e})") from None
-    if not isinstance(bench, dict):
-        raise DecisionError(f"{bench_path}: expected the benchmark's --json object")
-    made = sampling_decision(bench, str(bench_path))
-    decisions = read_decisions(results)
-    if "sampling" in decisions and decisions["sampling"] != made:
-        raise DecisionError(
-            f"{results / DECISIONS}: decision 1 is recorded already "
-            f"({decisions['sampling'].get('name')}); it is not changed"
-        )
-    decisions["sampling"] = made
-    write_decisions(results, decisions)
-    return made
-
-
-@dataclasses.dataclass(frozen=True)
-class PilotScore:
-    """One pilot run read by decision 2's rule."""
-
-    arm: str
-    steps: int
-    evals: dict[int, float]
-    """dev EM at each of the stage's evaluation steps logged"""
-    collapse: int | None
-    skipped: int
-    complete: bool
-
-    @property
-    def mean_em(self) -> float | None:
-        """Mean dev EM over the stage's evaluations (None until every one is logged)."""
-        return statistics.fmean(self.evals.values()) if self.complete else None
-
-    @property
-    def out(self) -> str | None:
-        """Why the rule leaves the run out, or None."""
-        if self.collapse is not None:
-            return f"its reward collapsed at step {self.collapse}"
-        if self.skipped:
-            return f"it skipped {self.skipped} update(s) for a non-finite loss"
-        return None
-
-
-def pilot_score(arm: str, rows: Sequence[Mapping[str, Any]], stage: Stage) -> PilotScore:
-    """A pilot run's evaluations, collapse (`llds.report.collapse`) and skipped updates."""
-    evals = {int(r["step"]): float(r["eval/em"]) for r in rows if "eval/em" in r}
-    evals = {s: evals[s] for s in stage.eval_steps if s in evals}
-    rewarded = [r for r in rows if isinstance(r.get("reward/mean"), int | float)]
-    collapse = collapse_step(
-        [int(r["step"]) for r in rewarded], [float(r["reward/mean"]) for r in rewarded]
-    )
-    skipped = max((int(r.get("optim/skipped_total") or 0) for r in rows), default=0)
-    last = max((int(r["step"]) for r in rows), default=0)
-    complete = last >= stage.steps and len(evals) == len(stage.eval_steps)
-    return PilotScore(arm, last, evals, collapse, skipped, complete)
-
-
-def choose_lr(scores: Mapping[str, PilotScore]) -> str | None:
-    """Decision 2's learning rate: the rank-16 arm with the highest mean dev EM, runs that
-    collapsed or skipped an update out, equal means to the lower rate; None when every run is
-    out. Call it once all three are complete."""
-    best, best_em = None, -math.inf
-    for arm in sorted(PILOT_LRS, key=PILOT_LRS.__getitem__):
-        s = scores[arm]
-        if s.out is None and s.mean_em is not None and round(s.mean_em, ROUND) > best_em:
-            best, best_em = arm, round(s.mean_em, ROUND)
-    return best
-
-
-def choose_rank(rank16: PilotScore, rank4: PilotScore) -> int:
-    """Decision 2's rank: 4 when its mean dev EM is at least rank 16's at the chosen rate (a
-    rank-4 run that collapsed or skipped an update is out), else 16."""
-    if rank4.out is not None or rank4.mean_em is None or rank16.mean_em is None:
-        return PILOT_RANK
-    return SMALL_RANK if round(rank4.mean_em, ROUND) >= round(rank16.mean_em, ROUND) else PILOT_RANK
-
-
-def median_k3(rows: Sequence[Mapping[str, Any]]) -> float | None:
-    """The median over a run's steps of `mismatch/k3_kl` (None where none is logged)."""
-    values = [float(r[K3_KEY]) for r in rows if isinstance(r.get(K3_KEY), int | float)]
-    return statistics.median(values) if values else None
-
-
-def correction_decision(sampling: Mapping[str, Any], run: str, k3: float | None) -> dict:
-    """Decision 3: truncated importance sampling (cap 2) when decision 1 chose a bf16 sampling
-    copy and the chosen pilot run's median k3 KL is at least 1e-3; else none."""
-    if not sampling.get("bf16_copy"):
-        why = "decision 1 chose no bf16 sampling copy: nothing to correct"
-        return {"applies": False, "pilot_run": run, "k3_kl_median": k3, "overrides": [], "why": why}
-    if k3 is None:
-        raise DecisionError(
-            f"decision 3: the pilot run {run} sampled from a bf16 copy but logged no {K3_KEY}"
-        )
-    applies = k3 >= K3_FLOOR
-    return {
-        "applies": applies,
-        "pilot_run": run,
-        "k3_kl_median": k3,
-        "overrides": list(TIS) if applies else [],
-        "why": f"median {K3_KEY} {k3:.3g} {'>=' if applies else '<'} {K3_FLOOR:g}",
-    }
-
-
-def rank_overrides(rank: int) -> list[str]:
-    return [f"model.lora.r={rank}", f"model.lora.alpha={2 * rank}"]
-
-
-def stage_rows(results: Path, stage: str, arm: str, seed: int) -> list[dict[str, Any]]:
-    """A run's committed log rows ([] when none is committed)."""
-    path = results / "runs" / stage / arm_dir_name(arm) / f"seed{seed}" / COMMITTED_LOG
-    return read_committed_metrics(path) if path.is_file() else []
-
-
-def pilot_scores(results: Path, stage: Stage) -> dict[str, PilotScore]:
-    arms = [*PILOT_LRS, RANK_ARM]
-    return {a: pilot_score(a, stage_rows(results, "pilot", a, PILOT_SEED), stage) for a in arms}
-
-
-def derive_decisions(results: Path, pilot: Stage) -> dict[str, Any]:
-    """Decisions 2 and 3 as the committed pilot logs make them, added to those recorded, each
-    once its runs are complete; a recorded one whose choice the logs now contradict stops the
-    call (one line), and the later ones are made from the recorded ones."""
-    decisions = read_decisions(results)
-    made = dict(decisions)
-    scores = pilot_scores(results, pilot)
-    table = {
-        a: {"evals": {str(k): v for k, v in s.evals.items()}, "mean_dev_em": s.mean_em}
-        | {"out": s.out, "steps": s.steps}
-        for a, s in scores.items()
-    }
-
-    def settle(name: str, record: dict[str, Any]) -> None:
-        if name not in made:
-            made[name] = record
-        elif made[name]["overrides"] != record["overrides"]:
-            raise DecisionError(
-                f"{results / DECISIONS}: the recorded {name} decision ({made[name]['overrides']}) "
-                f"differs from what the committed pilot logs give now ({record['overrides']}); "
-                "the logs changed after it was made"
-            )
-
-    if all(scores[a].complete for a in PILOT_LRS):
-        arm = choose_lr(scores)
-        if arm is None:
-            print("decision 2: every rank-16 pilot run is out; no learning rate", flush=True)
-        else:
-            lr = PILOT_LRS[arm]
-            rule = "highest mean dev EM over the evaluations after step 0; a run that collapsed "
-            rule += "or skipped an update is out; equal means: the lower rate"
-            settle(
-                "learning_rate",
-                {
-                    "arm": arm,
-                    "lr": lr,
-                    "overrides": [f"optim.lr={lr}"],
-                    "scores": {a: table[a] for a in PILOT_LRS},
-                    "rule": rule,
-                },
-            )
-    lr_arm = made.get("learning_rate", {}).get("arm")
-    if lr_arm in scores and scores[RANK_ARM].complete:
-        rank = choose_rank(scores[lr_arm], scores[RANK_ARM])
-        settle(
-            "rank",
-            {
-                "rank": rank,
-                "overrides": rank_overrides(rank),
-                "pilot_run": RANK_ARM if rank == SMALL_RANK else lr_arm,
-                "scores": {lr_arm: table[lr_arm], RANK_ARM: table[RANK_ARM]},
-                "rule": "rank 4 when its mean dev EM is at least rank 16's at the chosen rate",
-            },
-        )
-    run = made.get("rank", {}).get("pilot_run")
-    if run in scores and "sampling" in made and scores[run].complete:
-        k3 = median_k3(stage_rows(results, "pilot", run, PILOT_SEED))
-        settle("correction", correction_decision(made["sampling"], run, k3))
-    if made != decisions:
-        write_decisions(results, made)
-    return made
-
-
-def missing_decisions(stage: str, decisions: Mapping[str, Any]) -> list[str]:
-    need = ["sampling"] if stage == "pilot" else ["sampling", "learning_rate", "rank"]
-    if stage == "study":
-        need.append("correction")
-    return [k for k in need if k not in decisions]
-
-
-DECISION_NAMES = {
-    "sampling": "decision 1 (the sampling setting, from the benchmark: --decide-sampling "
-    "BENCH.json)",
-    "learning_rate": "decision 2's learning rate (the three rank-16 pilot runs)",
-    "rank": "decision 2's rank (the pilot's r4 run)",
-    "correction": "decision 3 (the mismatch correction, after the pilot)",
-}
-
-
-def refuse_without_decisions(stage: str, decisions: Mapping[str, Any], results: Path) -> None:
-    missing = missing_decisions(stage, decisions)
-    if missing:
-        raise DecisionError(
-            f"{stage}: not started: {results / DECISIONS} has no "
-            + "; no ".join(DECISION_NAMES[k] for k in missing)
-        )
-
-
-def write_decisions(results: Path, decisions: Mapping[str, Any]) -> None:
-    results.mkdir(parents=True, exist_ok=True)
-    write_json(results / DECISIONS, dict(decisions))
-    with atomic_write(results / "decisions.md", "w", encoding="utf-8") as f:
-        f.write(decisions_markdown(decisions))
-
-
-def decisions_markdown(d: Mapping[str, Any]) -> str:
-    """`decisions.md`: each decision recorded, its figures and its rule."""
-    out = ["# SmolLM2-wiki LoRA study: decisions", ""]
-    out += ["Written by `run.py` from `decisions.json` (PROTOCOL.md, decisions 1-3).", ""]
-    s = d.get("sampling")
-    out.append("## Decision 1: the sampling setting")
-    if s is None:
-        out += ["", "Not recorded yet.", ""]
-    else:
-        bench = s.get("benchmark", {})
-        arms = bench.get("arms", [])
-        out += ["", f"Machine: {bench.get('machine')}; command: `{bench.get('command')}`.", ""]
-        out.append("| phase (median s) | " + " | ".join(str(a.get("name")) for a in arms) + " |")
-        out.append("|---|" + "---|" * len(arms))
-        for p in PHASES:
-            cells = [_num(a.get("median_s", {}).get(p), ".1f") for a in arms]
-            out.append(f"| {p} | " + " | ".join(cells) + " |")
-        out.append(
-            "| mismatch k3 KL | "
-            + " | ".join(_num(a.get("mismatch_k3_kl"), ".2e") for a in arms)
-            + " |"
-        )
-        mib = [_num((a.get("checkpoint_bytes") or 0) / 2**20, ".1f") for a in arms]
-        out.append("| checkpoint (MiB) | " + " | ".join(mib) + " |")
-        shown = " ".join(s["overrides"]) or "none: the preset as committed"
-        out += [
-            "",
-            f"**Chosen: {s.get('name')}** (median step {s['median_step_s']:.1f} s; "
-            f"overrides: {shown}); {s['rule']}.",
-            "",
-        ]
-    out.append("## Decision 2: learning rate and rank")
-    lr, rank = d.get("learning_rate"), d.get("rank")
-    if lr is None:
-        out += ["", "Not recorded yet (the three rank-16 pilot runs are not complete).", ""]
-    else:
-        out += ["", "| pilot run | dev EM per evaluation | mean | out |", "|---|---|---|---|"]
-        scores = {**lr["scores"], **(rank or {}).get("scores", {})}
-        for arm, sc in scores.items():
-            evals = ", ".join(f"{v:.3f} ({k})" for k, v in sc["evals"].items())
-            out.append(
-                f"| {arm} | {evals} | {_num(sc['mean_dev_em'], '.3f')} | {sc['out'] or '-'} |"
-            )
-        out += ["", f"**Learning rate: {lr['lr']:g}** ({lr['arm']}); {lr['rule']}."]
-        if rank is None:
-            out += ["", "Rank: not recorded yet (the r4 run is not complete).", ""]
-        else:
-            out += ["", f"**Rank: {rank['rank']}**; {rank['rule']}.", ""]
-    c = d.get("correction")
-    out.append("## Decision 3: the mismatch correction")
-    if c is None:
-        out += ["", "Not recorded yet.", ""]
-    else:
-        chosen = "truncated importance sampling, cap 2" if c["applies"] else "none"
-        out += ["", f"**{chosen}** (pilot run {c['pilot_run']}: {c['why']}).", ""]
-    return "\n".join(out)
-
-
-def _num(x: Any, fmt: str) -> str:
-    return "-" if not isinstance(x, int | float) or isinstance(x, bool) else format(x, fmt)
 
 
 # ------------------------------------------------------------------------------------- configs
@@ -541,16 +183,6 @@ def run_config(
             *arm_set,
         ],
     )
-
-
-def ordered(stage: str, arms: Sequence[str] | None, seeds: Sequence[int] | None):
-    """The protocol's order: the pilot's three rates, then r4; the study's seed 0 of both
-    arms, then seed 1, then seed 2 (a study stopped early stays balanced)."""
-    if stage == "pilot":
-        runs = [(a, PILOT_SEED) for a in [*PILOT_LRS, RANK_ARM]]
-    else:
-        runs = [(a, s) for s in SEEDS for a in STUDY_ARMS]
-    return [(a, s) for a, s in runs if (not arms or a in arms) and (not seeds or s in seeds)]
 
 
 def plan(
@@ -797,305 +429,6 @@ def collect_eval(src: Path, dst: Path) -> None:
     if evals:
         dst.mkdir(parents=True, exist_ok=True)
         write_json(dst / "eval.json", evals, indent=1)
-
-
-def read_evals(path: Path) -> dict[int, dict[str, Any]]:
-    if not path.is_file():
-        return {}
-    return {int(k): v for k, v in json.loads(path.read_text(encoding="utf-8")).items()}
-
-
-def source_em(scores: Mapping[str, Any], source: str) -> tuple[float | None, int]:
-    got = scores.get("by_source", {}).get(source) or {}
-    return (got.get("em"), int(got.get("n", 0))) if got.get("n") else (None, 0)
-
-
-# ------------------------------------------------------------------------------------- tables
-
-
-def _mean(rows: Sequence[Mapping[str, Any]], key_: str, steps: range) -> float | None:
-    v = [float(r[key_]) for r in rows if int(r["step"]) in steps and _is_num(r.get(key_))]
-    return statistics.fmean(v) if v else None
-
-
-def _median(rows: Sequence[Mapping[str, Any]], key_: str, steps: range | None = None):
-    v = [
-        float(r[key_])
-        for r in rows
-        if _is_num(r.get(key_)) and (steps is None or int(r["step"]) in steps)
-    ]
-    return statistics.median(v) if v else None
-
-
-def _is_num(x: Any) -> bool:
-    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
-
-
-def windows(stage: Stage) -> list[range]:
-    """The stage's windows between evaluations: 1-10, 11-20, ... (pilot); 1-40, ... (study)."""
-    return [range(s - stage.eval_every + 1, s + 1) for s in stage.eval_steps]
-
-
-def pilot_table(results: Path, stage: Stage) -> str:
-    """`pilot.md`: every pilot run from its committed log, and the choice."""
-    scores = pilot_scores(results, stage)
-    step0 = read_evals(results / "runs" / "pilot" / STEP0 / "eval.json").get(0)
-    em0 = step0["overall"]["em"] if step0 else None
-    decisions = read_decisions(results)
-    lr_rank = {a: (lr, PILOT_RANK) for a, lr in PILOT_LRS.items()}
-    if "learning_rate" in decisions:
-        lr_rank[RANK_ARM] = (decisions["learning_rate"]["lr"], SMALL_RANK)
-    ws = windows(stage)
-    head = ["run", "lr", "rank", "steps", "dev EM at 0"]
-    head += [str(s) for s in stage.eval_steps] + [f"mean ({stage.eval_steps[0]}-{stage.steps})"]
-    head += [f"reward {w.start}-{w.stop - 1}" for w in ws]
-    head += ["searches", "entropy", "k3 KL (median)", "step s (median)", "out"]
-    lines = [
-        "# SmolLM2-wiki LoRA pilot",
-        "",
-        "Written by `run.py --tables` from the committed logs (`runs/pilot/`); seed "
-        f"{PILOT_SEED}, GRPO, {stage.steps} steps, greedy dev EM every {stage.eval_every} steps "
-        "(step 0: the warm start under the runs' precision). Reward, searches and entropy are "
-        "means over the steps; the rules: PROTOCOL.md, decision 2.",
-        "",
-        "| " + " | ".join(head) + " |",
-        "|---" * len(head) + "|",
-    ]
-    for arm, s in scores.items():
-        rows = stage_rows(results, "pilot", arm, PILOT_SEED)
-        lr, rank = lr_rank.get(arm, (None, SMALL_RANK))
-        every = range(1, stage.steps + 1)
-        cells = [arm, _num(lr, "g"), str(rank), str(s.steps), _num(em0, ".3f")]
-        cells += [_num(s.evals.get(k), ".3f") for k in stage.eval_steps]
-        cells.append(_num(s.mean_em, ".3f"))
-        cells += [_num(_mean(rows, "reward/mean", w), ".3f") for w in ws]
-        cells.append(_num(_mean(rows, "rollout/valid_searches", every), ".2f"))
-        cells.append(_num(_mean(rows, "policy/entropy", every), ".3f"))
-        cells.append(_num(_median(rows, K3_KEY), ".2e"))
-        cells.append(_num(_median(rows, "time/step"), ".1f"))
-        cells.append(s.out or ("-" if s.complete else "not complete"))
-        lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "## The choice", ""]
-    lr, rank, corr = (decisions.get(k) for k in ("learning_rate", "rank", "correction"))
-    lines.append(
-        f"Learning rate: **{lr['lr']:g}** ({lr['arm']})." if lr else "Learning rate: not yet."
-    )
-    lines.append(f"Rank: **{rank['rank']}**." if rank else "Rank: not yet.")
-    if corr:
-        lines.append(
-            "Mismatch correction: **"
-            + ("truncated importance sampling, cap 2" if corr["applies"] else "none")
-            + f"** ({corr['why']})."
-        )
-    else:
-        lines.append("Mismatch correction: not yet.")
-    return "\n".join(lines) + "\n"
-
-
-def study_summary(results: Path, stage: Stage) -> dict[str, Any]:
-    """The protocol's figures and answers from the committed study logs (summary.json)."""
-    warm = read_evals(results / "runs" / "study" / STEP0 / "eval.json").get(0)
-    warm_test, n_test = source_em(warm, TEST) if warm else (None, 0)
-    warm_transfer, n_transfer = source_em(warm, TRANSFER) if warm else (None, 0)
-    at = stage.steps
-    runs: dict[str, dict[str, Any]] = {}
-    for arm, seed in ordered("study", None, None):
-        base = results / "runs" / "study" / arm_dir_name(arm) / f"seed{seed}"
-        evals = read_evals(base / "eval.json")
-        rows = stage_rows(results, "study", arm, seed)
-        if not rows and not evals:
-            continue
-        runs.setdefault(arm, {})[str(seed)] = run_figures(base, rows, evals, stage)
-    out: dict[str, Any] = {
-        "protocol": "experiments/smollm2_wiki_lora/PROTOCOL.md",
-        "step": at,
-        "warm_start": {
-            "test_em": warm_test,
-            "test_n": n_test,
-            "transfer_em": warm_transfer,
-            "transfer_n": n_transfer,
-            "test_se": binomial_se(warm_test, n_test) if warm_test is not None else None,
-            "transfer_se": (
-                binomial_se(warm_transfer, n_transfer) if warm_transfer is not None else None
-            ),
-        },
-        "runs": runs,
-    }
-    for name in ("test", "transfer"):
-        out[name] = answers(runs, out["warm_start"], name, at)
-    out["answer"] = out["test"]["grpo_improves"]
-    out["llds_answer"] = out["test"]["llds_vs_grpo"]["verdict"]
-    return out
-
-
-def run_figures(base: Path, rows, evals, stage: Stage) -> dict[str, Any]:
-    """One study run: its EM per evaluation and source, and its windows' figures."""
-    alarms = []
-    if (base / "alarms.jsonl").is_file():
-        alarms = [json.loads(x) for x in (base / "alarms.jsonl").read_text().splitlines() if x]
-    per_window = []
-    for w in windows(stage):
-        lld = summarize(rows, steps=w)
-        kinds: dict[str, int] = {}
-        for a in alarms:
-            if int(a.get("step", 0)) in w:
-                kinds[str(a.get("kind"))] = kinds.get(str(a.get("kind")), 0) + 1
-        per_window.append(
-            {
-                "steps": [w.start, w.stop - 1],
-                "lld_pooled_share": lld.pooled,
-                "lld_responses": lld.responses,
-                "lld_step_quartiles": lld.quartiles,
-                "reward": _mean(rows, "reward/mean", w),
-                "searches": _mean(rows, "rollout/valid_searches", w),
-                "entropy": _mean(rows, "policy/entropy", w),
-                "k3_kl_median": _median(rows, K3_KEY, w),
-                "alarms": dict(sorted(kinds.items())),
-            }
-        )
-    ckpt = base / "checkpoint.json"
-    return {
-        "steps": max((int(r["step"]) for r in rows), default=0),
-        "test": {str(s): source_em(e, TEST)[0] for s, e in sorted(evals.items())},
-        "transfer": {str(s): source_em(e, TRANSFER)[0] for s, e in sorted(evals.items())},
-        "windows": per_window,
-        "phase_s_median": {p: _median(rows, f"time/{p}") for p in PHASES},
-        "checkpoint_bytes": json.loads(ckpt.read_text())["bytes"] if ckpt.is_file() else None,
-    }
-
-
-def answers(runs, warm: Mapping[str, Any], name: str, at: int) -> dict[str, Any]:
-    """The protocol's two rules on one source's EM at step `at` ("incomplete" until every
-    seed the rule reads has been evaluated there)."""
-    per_seed = {
-        arm: {
-            seed: got[name][str(at)]
-            for seed, got in sorted(runs.get(arm, {}).items())
-            if got[name].get(str(at)) is not None
-        }
-        for arm in STUDY_ARMS
-    }
-    em = {arm: list(by_seed.values()) for arm, by_seed in per_seed.items()}
-    base, se = warm[f"{name}_em"], warm[f"{name}_se"]
-    out: dict[str, Any] = {
-        "at_step": per_seed,
-        "median": {arm: statistics.median(vs) if vs else None for arm, vs in em.items()},
-        "spread": {arm: seed_spread(vs) for arm, vs in em.items()},
-    }
-    grpo, llds = em[GRPO], em[LLDS]
-    if len(grpo) < len(SEEDS) or base is None:
-        out["grpo_improves"], out["grpo_gain"] = "incomplete", None
-    else:
-        gain = statistics.median(grpo) - base
-        out["grpo_gain"] = gain
-        out["grpo_improves"] = "yes" if gain > se and gain >= MIN_GAIN else "no"
-    if len(grpo) < len(SEEDS) or len(llds) < len(SEEDS):
-        out["llds_vs_grpo"] = {"verdict": "incomplete"}
-        return out
-    p = exact_permutation_p(llds, grpo)
-    diff = statistics.median(llds) - statistics.median(grpo)
-    every = min(llds) > max(grpo)
-    verdict = (
-        f"higher in every seed (p = {p:.2f})"
-        if every and diff > MIN_GAIN
-        else "no difference measured"
-    )
-    out["llds_vs_grpo"] = {
-        "p": p,
-        "median_difference": diff,
-        "llds_above_grpo_in_every_seed": every,
-        "verdict": verdict,
-    }
-    return out
-
-
-def summary_markdown(s: Mapping[str, Any]) -> str:
-    """`summary.md`: the answers and every seed, from `summary.json`."""
-    w = s["warm_start"]
-    lines = [
-        "# SmolLM2-wiki LoRA study: summary",
-        "",
-        "Written by `run.py --tables` from the committed logs (`runs/study/`); the rules: "
-        'PROTOCOL.md, "What counts as yes".',
-        "",
-        f"Warm start (step 0, under the runs' precision): test EM {_num(w['test_em'], '.3f')} "
-        f"({w['test_n']} questions, one standard error {_num(w['test_se'], '.3f')}), transfer "
-        f"EM {_num(w['transfer_em'], '.3f')} ({w['transfer_n']} questions).",
-        "",
-    ]
-    at = str(s["step"])
-    for name in ("test", "transfer"):
-        lines += [f"## {name.capitalize()} EM", ""]
-        steps = sorted(
-            {int(k) for arm in s["runs"].values() for r in arm.values() for k in r[name]}
-        )
-        lines.append("| arm | seed | steps | " + " | ".join(f"EM at {k}" for k in steps) + " |")
-        lines.append("|---|---|---|" + "---|" * len(steps))
-        for arm, by_seed in s["runs"].items():
-            for seed, r in by_seed.items():
-                cells = [_num(r[name].get(str(k)), ".3f") for k in steps]
-                lines.append(f"| {arm} | {seed} | {r['steps']} | " + " | ".join(cells) + " |")
-        a = s[name]
-        spread = "; ".join(
-            f"{arm}: median {_num(sp['median'], '.3f')}, mean {_num(sp['mean'], '.3f')}"
-            + (f" ± {sp['se']:.3f}" if sp["se"] is not None else "")
-            for arm, sp in a["spread"].items()
-        )
-        lines += ["", f"At step {at} over the seeds evaluated there: {spread}."]
-        gain = a["grpo_gain"]
-        lines.append(
-            f"GRPO improves the warm start: **{a['grpo_improves']}**"
-            + (
-                f" (median gain {gain:+.3f}; more than one standard error and at least "
-                f"{MIN_GAIN:.2f} needed)."
-                if gain is not None
-                else "."
-            )
-        )
-        v = a["llds_vs_grpo"]
-        extra = (
-            f" (permutation p {v['p']:.2f}, difference of medians {v['median_difference']:+.3f})"
-            if "p" in v
-            else ""
-        )
-        lines += [f"GRPO+LLDS against GRPO: **{v['verdict']}**{extra}.", ""]
-    lines += ["## Per window", ""]
-    lines.append(
-        "| arm | seed | steps | LLD pooled share | reward | searches | entropy | k3 KL | alarms |"
-    )
-    lines.append("|---|---|---|---|---|---|---|---|---|")
-    for arm, by_seed in s["runs"].items():
-        for seed, r in by_seed.items():
-            for win in r["windows"]:
-                alarms = ", ".join(f"{k} {n}" for k, n in win["alarms"].items()) or "-"
-                lines.append(
-                    f"| {arm} | {seed} | {win['steps'][0]}-{win['steps'][1]} | "
-                    f"{_num(win['lld_pooled_share'], '.3f')} ({win['lld_responses']}) | "
-                    f"{_num(win['reward'], '.3f')} | {_num(win['searches'], '.2f')} | "
-                    f"{_num(win['entropy'], '.3f')} | {_num(win['k3_kl_median'], '.2e')} | "
-                    f"{alarms} |"
-                )
-    lines += ["", "## Step time (median s per phase) and checkpoint", ""]
-    lines.append("| arm | seed | " + " | ".join(PHASES) + " | checkpoint MiB |")
-    lines.append("|---|---|" + "---|" * (len(PHASES) + 1))
-    for arm, by_seed in s["runs"].items():
-        for seed, r in by_seed.items():
-            size = r["checkpoint_bytes"]
-            cells = [_num(r["phase_s_median"][p], ".1f") for p in PHASES]
-            cells.append(_num(size / 2**20 if size else None, ".1f"))
-            lines.append(f"| {arm} | {seed} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def write_tables(results: Path, stages: Mapping[str, Stage]) -> None:
-    """`pilot.md`, `summary.json` and `summary.md`, from the committed logs alone."""
-    results.mkdir(parents=True, exist_ok=True)
-    with atomic_write(results / "pilot.md", "w", encoding="utf-8") as f:
-        f.write(pilot_table(results, stages["pilot"]))
-    summary = study_summary(results, stages["study"])
-    write_json(results / "summary.json", summary, indent=1)
-    with atomic_write(results / "summary.md", "w", encoding="utf-8") as f:
-        f.write(summary_markdown(summary))
 
 
 # ---------------------------------------------------------------------------------------- main
