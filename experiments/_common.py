@@ -1,5 +1,6 @@
-"""Helpers shared by the study drivers: which runs are done, starting the others, and printing
-a config without training (`--dry-run`)."""
+"""Helpers shared by the study drivers: which runs are done, starting the others, printing
+a config without training (`--dry-run`), and the clock and progress lines of a driver that runs
+under a time budget (the GPU routes)."""
 
 from __future__ import annotations
 
@@ -40,3 +41,28 @@ def print_dry_run(runs: Sequence[dict[str, Any]]) -> None:
     """What a driver would run, one JSON object per line, for a reader or a test."""
     for run in runs:
         print(json.dumps(run, sort_keys=True))
+
+
+PROGRESS = "progress.jsonl"
+
+
+class Clock:
+    """Seconds since the command started, and when its budget, less a reserve, ends."""
+
+    def __init__(self, budget_s: float) -> None:
+        self.start, self.budget_s = time.monotonic(), budget_s
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def deadline(self, reserve_s: float) -> float:
+        return self.start + self.budget_s - reserve_s
+
+
+def say(clock: Clock, folder: Path, event: str, **info: Any) -> None:
+    """One line of progress, printed (flushed) and appended to `folder/progress.jsonl`, so a
+    command killed at its limit leaves what it had done."""
+    row = {"t_s": round(clock.elapsed(), 1), "event": event, **info}
+    print(json.dumps(row), flush=True)
+    with open(folder / PROGRESS, "a", encoding="utf-8") as f:
+        f.write(json.dumps(row) + "\n")

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _common import finished
+from _common import Clock, finished, say
 from llds.models.gguf_parts import join_parts
 
 ARMS = {"GRPO": ["algo.llds.enabled=false"], "GRPO+LLDS": ["algo.llds.enabled=true"]}
@@ -55,27 +55,6 @@ SMOKE_RUN = [
     "retriever.topk=2",
 ]
 SMOKE_SFT = ["tiny=true", "reading=false", "miss_first=0", "steps=3", "batch_size=4", "lr=3e-3"]
-
-
-class Clock:
-    """Seconds since the command started, and what is left of its budget."""
-
-    def __init__(self, budget_s: float) -> None:
-        self.start, self.budget_s = time.monotonic(), budget_s
-
-    def elapsed(self) -> float:
-        return time.monotonic() - self.start
-
-    def deadline(self, reserve_s: float) -> float:
-        return self.start + self.budget_s - reserve_s
-
-
-def say(clock: Clock, results: Path, event: str, **info: Any) -> None:
-    """One line of progress, printed (flushed) and appended to `results/progress.jsonl`."""
-    row = {"t_s": round(clock.elapsed(), 1), "event": event, **info}
-    print(json.dumps(row), flush=True)
-    with open(results / "progress.jsonl", "a", encoding="utf-8") as f:
-        f.write(json.dumps(row) + "\n")
 
 
 def _atomic_bytes(path: Path, data: bytes) -> None:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import shutil
 import sys
 import tarfile
@@ -41,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: shared modules
+from _common import Clock, say
 from llds.io import atomic_write
 from smollm2_wiki_lora import decisions as D
 from smollm2_wiki_lora import protocol as P
@@ -49,7 +49,7 @@ from smollm2_wiki_lora import tables as T
 
 STATE_LIMIT = 64 * 2**20
 """What one transfer carries back from a lent machine, at most."""
-STATE, LOGS, PROGRESS = "state.tar", "logs.tar.gz", "progress.jsonl"
+STATE, LOGS = "state.tar", "logs.tar.gz"
 KEPT = (
     D.DECISIONS,
     "decisions.md",
@@ -61,27 +61,6 @@ KEPT = (
 """The results folder's own files, carried with the logs."""
 MEMBER = 1536
 """Bytes a tar member may cost besides its padded contents (its header, a long-name header)."""
-
-
-class Clock:
-    """Seconds since the command started, and when its budget, less a reserve, ends."""
-
-    def __init__(self, budget_s: float) -> None:
-        self.start, self.budget_s = time.monotonic(), budget_s
-
-    def elapsed(self) -> float:
-        return time.monotonic() - self.start
-
-    def deadline(self, reserve_s: float) -> float:
-        return self.start + self.budget_s - reserve_s
-
-
-def say(clock: Clock, out: Path, event: str, **info: Any) -> None:
-    """One line of progress, printed and appended to `OUT/progress.jsonl`."""
-    row = {"t_s": round(clock.elapsed(), 1), "event": event, **info}
-    print(json.dumps(row), flush=True)
-    with open(out / PROGRESS, "a", encoding="utf-8") as f:
-        f.write(json.dumps(row) + "\n")
 
 
 def load_state(source: Path | None, results: Path, smoke: bool) -> None:
