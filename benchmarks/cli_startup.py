@@ -76,6 +76,14 @@ def make_inputs(root: Path) -> dict[str, Path]:
     gz = root / "corpus.jsonl.gz"
     gz.write_bytes(b"\x1f\x8b\x08\x00" + b"\x00" * 6)  # a gzip header and nothing after it
     paths["gz"] = gz
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    chat = root / "chat.parquet"  # a Search-R1 prompt saved chat-templated, no "Question:"
+    text = "<|im_start|>user\nAnswer the question.\nWho rules Vutok?<|im_end|>\n"
+    rows = [{"prompt": [{"role": "user", "content": text}], "golden_answers": ["V"]}] * 2
+    pq.write_table(pa.Table.from_pylist(rows), chat)
+    paths["chat"] = chat
     index = root / "index"
     subprocess.run(
         [
@@ -149,6 +157,10 @@ def cases(p: dict[str, Path], root: Path, dead: str, off: str) -> list[tuple[str
         ("train-model-without-tokenizer", [*train, f"model.path={p['model_tok']}"]),
         ("train-unknown-model-type", [*train, f"model.path={p['model_type']}"]),
         ("train-nan-weights", [*train, f"model.path={p['model_nan']}"]),
+        ("train-template-without-question", [*train, "data.prompt_template=Q: {q}"]),
+        ("train-chat-without-template", [*train, "model.chat=true"]),
+        ("train-prompt-without-marker", [*train, f"data.train={p['chat']}"]),
+        ("train-uncached-hub-id", [*train, "model.path=no-such-org/no-such-model"]),
         ("eval-data-not-utf8", [*evals, f"data={p['latin1']}", f"retriever={p['corpus']}"]),
         ("eval-dead-retriever", [*evals, f"data={p['test']}", f"retriever={dead}"]),
         ("eval-out-is-a-folder", [*evals, *data, f"out={root / 'results'}"]),
@@ -163,6 +175,10 @@ def cases(p: dict[str, Path], root: Path, dead: str, off: str) -> list[tuple[str
                 f"retriever={p['corpus']}",
                 out,
             ],
+        ),
+        (
+            "probe-missing-questions-from",
+            ["probe", f"model={p['model']}", *data, out, f"questions_from={root / 'absent'}"],
         ),
         ("sft-dead-retriever", [*sft, f"corpus={dead}", f"--out={root / 'sft'}"]),
         ("sft-out-is-its-input", [*sft, f"--out={p['corpus'].parent}"]),
