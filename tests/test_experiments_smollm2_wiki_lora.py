@@ -343,27 +343,21 @@ def _adapter(run: Path, step: int) -> bytes:
     return (run / "checkpoints" / f"step_{step:06d}" / ADAPTER_DIR / ADAPTER_WEIGHTS).read_bytes()
 
 
+def smoke_pilot_args(results: Path, work: Path) -> list[str]:
+    """`run.py`'s arguments for the smoke pilot's first run, lr2e-5, on one thread."""
+    return [
+        *("--smoke", "--stage", "pilot", "--arms", "lr2e-5", "--threads", "1"),
+        *("--results", str(results), "--work", str(work)),
+    ]
+
+
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory) -> dict[str, Any]:
     """The smoke pilot's first run, lr2e-5, through the driver without a stop."""
     root = tmp_path_factory.mktemp("straight")
     results, work = root / "results", root / "work"
     D.decide_sampling(results, bench(root / "b.json", *SMOKE_BENCH))
-    R.main(
-        [
-            "--smoke",
-            "--stage",
-            "pilot",
-            "--arms",
-            "lr2e-5",
-            "--threads",
-            "1",
-            "--results",
-            str(results),
-            "--work",
-            str(work),
-        ]
-    )
+    R.main(smoke_pilot_args(results, work))
     run = work / "pilot" / "lr2e-5" / "seed100"
     return {"rows": comparable(read_metrics(run)), "adapter": _adapter(run, 2), "results": results}
 
@@ -382,19 +376,7 @@ def test_a_parked_lora_run_resumes_through_the_driver_bit_identically(straight, 
     first = R.plan(smoke, inp, work, results, D.read_decisions(results), 1, ["lr2e-5"])[0]
     left, taken = R.train_in_process([first["config"]], max_steps=1)
     assert taken == 1 and len(left) == 1
-    common = [
-        "--smoke",
-        "--stage",
-        "pilot",
-        "--arms",
-        "lr2e-5",
-        "--threads",
-        "1",
-        "--results",
-        str(results),
-        "--work",
-        str(work),
-    ]
+    common = smoke_pilot_args(results, work)
     R.main([*common, "--park"])
     archive = results / "parked" / "pilot" / "lr2e-5" / "seed100.tar.gz"
     with tarfile.open(archive) as tar:

@@ -46,12 +46,17 @@ def read_decisions(results: Path) -> dict[str, Any]:
     path = results / DECISIONS
     if not path.is_file():
         return {}
+    return _json_object(path, "an object of decisions")
+
+
+def _json_object(path: Path, what: str) -> dict[str, Any]:
+    """The JSON object in `path`, or one line naming the file and what it should hold."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise DecisionError(f"{path}: not readable JSON ({e})") from None
     if not isinstance(data, dict):
-        raise DecisionError(f"{path}: expected an object of decisions")
+        raise DecisionError(f"{path}: expected {what}")
     return data
 
 
@@ -89,12 +94,7 @@ def sampling_decision(bench: Mapping[str, Any], where: str) -> dict[str, Any]:
 def decide_sampling(results: Path, bench_path: Path) -> dict[str, Any]:
     """Record decision 1 from `bench_path`; an existing, different decision 1 is kept and the
     call refused (the protocol fixes each decision once)."""
-    try:
-        bench = json.loads(bench_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise DecisionError(f"{bench_path}: not readable JSON ({e})") from None
-    if not isinstance(bench, dict):
-        raise DecisionError(f"{bench_path}: expected the benchmark's --json object")
+    bench = _json_object(bench_path, "the benchmark's --json object")
     made = sampling_decision(bench, str(bench_path))
     decisions = read_decisions(results)
     if "sampling" in decisions and decisions["sampling"] != made:
