@@ -377,3 +377,25 @@ def test_the_lld_pilot_rule_takes_the_first_setting_that_kills_every_seed(tmp_pa
     assert C.setting_choice({"a": pilot["a"]}, ["a"])["setting"] == "a"  # ... the first with one
     unfinished = {"a": C.read_runs(tmp_path, tmp_path / "a", steps=100)}
     assert C.setting_choice(unfinished, ["a", "b"])["setting"] is None
+
+
+def test_the_lld_pilot_choice_is_made_early_only_when_no_ending_can_change_it(tmp_path):
+    C = _load("lld_collect")
+    for seed in (100, 101):  # (a) finished without a collapse in either seed
+        _lld_log(tmp_path / "a" / "runs" / "lam0" / f"seed{seed}", fall=None)
+    # (b) still running, one seed fallen: whatever it shows, the rule ends at (b)
+    _lld_log(tmp_path / "b" / "runs" / "lam0" / "seed100", fall=20, steps=60)
+    _lld_log(tmp_path / "b" / "runs" / "lam0" / "seed101", fall=None, steps=40)
+    pilot = {s: C.read_runs(tmp_path, tmp_path / s, steps=80) for s in ("a", "b")}
+    assert not any(r.finished for r in pilot["b"])
+    forced = C.setting_choice(pilot, ["a", "b"])
+    assert forced["setting"] == "b" and "every way the unfinished runs of (b)" in forced["why"]
+    assert C.setting_choice({"a": pilot["a"]}, ["a", "b"])["setting"] == "b"  # (b) not begun
+    # with a third setting after (b), a fall in (b) or in (c) decides: undecided
+    assert C.setting_choice(pilot, ["a", "b", "c"]) == {
+        "setting": None,
+        "why": "setting (b) not finished",
+    }
+    # (a) unfinished: its runs could still collapse and make (a) the choice
+    one_open = {"a": C.read_runs(tmp_path, tmp_path / "a", steps=100), "b": pilot["b"]}
+    assert C.setting_choice(one_open, ["a", "b"])["setting"] is None

@@ -11,6 +11,7 @@ as running and enters no figure.
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -89,21 +90,48 @@ def read_runs(corpus: Path, results: Path, steps: int) -> list[LLDRun]:
 
 
 # ------------------------------------------------------------------ the pilot's choice
+def _rule(outcomes: Sequence[tuple[bool, bool]], order: Sequence[str]) -> tuple[str, str]:
+    """The protocol's rule on each setting's `(collapsed in every seed, in one)`, in `order`."""
+    for rule, said in ((0, "every pilot seed"), (1, "one pilot seed")):
+        for name, hit in zip(order, outcomes, strict=True):
+            if hit[rule]:
+                return name, f"GRPO collapsed in {said} at ({name})"
+    return order[-1], "no setting of the pilot makes GRPO collapse"
+
+
+def _possible(runs: Sequence[LLDRun]) -> set[tuple[bool, bool]]:
+    """Every `(collapsed in every seed, in one)` a setting's runs can still end with: one for
+    finished runs, each way an unfinished run can end otherwise, all three with no run yet."""
+    if not runs:
+        return {(False, False), (False, True), (True, True)}
+    known = [r.collapsed for r in runs if r.finished]
+    open_ = sum(not r.finished for r in runs)
+    ends = {tuple(known) + (True,) * k + (False,) * (open_ - k) for k in range(open_ + 1)}
+    return {(all(h), any(h)) for h in ends}
+
+
 def setting_choice(pilot: Mapping[str, Sequence[LLDRun]], order: Sequence[str]) -> dict[str, Any]:
     """The protocol's rule over the pilot's settings in `order`: the first whose GRPO collapses
     in every pilot seed, else the first where it collapses in one; with none, setting `order[-1]`
-    and "no setting of the pilot makes GRPO collapse". Undecided while a setting the rule still
-    needs has an unfinished run."""
-    for rule in ("all", "any"):
-        for name in order:
-            runs = pilot.get(name, [])
-            if not runs or not all(r.finished for r in runs):
-                return {"setting": None, "why": f"setting ({name}) not finished"}
-            hits = [r.collapsed for r in runs]
-            if all(hits) if rule == "all" else any(hits):
-                said = "every pilot seed" if rule == "all" else "one pilot seed"
-                return {"setting": name, "why": f"GRPO collapsed in {said} at ({name})"}
-    return {"setting": order[-1], "why": "no setting of the pilot makes GRPO collapse"}
+    and "no setting of the pilot makes GRPO collapse". While runs are unfinished it is decided
+    only if every way they can end gives the same setting (then it says so), else undecided."""
+    options = [sorted(_possible(pilot.get(name, []))) for name in order]
+    choices = {_rule(combo, order) for combo in itertools.product(*options)}
+    if len(choices) == 1:
+        name, why = choices.pop()
+        return {"setting": name, "why": why}
+    open_ = [n for n, o in zip(order, options, strict=True) if len(o) > 1]
+    settings = {name for name, _ in choices}
+    if len(settings) > 1:
+        return {"setting": None, "why": f"setting ({open_[0]}) not finished"}
+    name = settings.pop()
+    return {
+        "setting": name,
+        "why": (
+            f"every way the unfinished runs of {', '.join(f'({n})' for n in open_)} can end "
+            f"gives ({name}); the pilot's table reports how they do end"
+        ),
+    }
 
 
 # ------------------------------------------------------------------ the manifest
