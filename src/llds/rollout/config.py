@@ -78,10 +78,11 @@ class RolloutConfig:
     (`llds.policy.prompt_once`); the decode too with `share_decode_prompts`. The same
     rollouts, log-probs to float rounding (1e-5 in float32) and the exact gradient, but other
     rounding than whole rows. On the theorem study's step (2-core CPU, with the default chunks)
-    it measured 1.36x against the path without it and chunks of 64 rollouts (the no-grad passes
-    1.53-1.58x, the update 1.39x; benchmarks/prefix_sharing.py). Off by default (it would
-    change the rounding of every pass). Llama-family models run llds's own segment forward,
-    others transformers' forward with a cache; never under FSDP"""
+    it measured 1.36x and 1.48x on two machines against the path without it and chunks of 64
+    rollouts (the no-grad passes 1.52-1.59x, the update 1.39-1.52x;
+    benchmarks/prefix_sharing.py). Off by default (it would change the rounding of every
+    pass). Llama-family models run llds's own segment forward, others transformers' forward
+    with a cache; never under FSDP"""
     share_decode_prompts: bool = False
     """with `prefix_sharing`, also the static loop's decode: one copy of each distinct prompt
     in the cache, attended to once per group and merged with each row's own keys by
