@@ -105,11 +105,24 @@ RUNS: dict[str, list[str]] = {
 }
 
 
+def cpu_model() -> str:
+    """The CPU's model name (Linux: `/proc/cpuinfo`): an Intel and an AMD CPU with the same
+    vector instructions still give other bits (the math libraries pick other kernels)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
 def platform_key() -> dict[str, str]:
-    """What the digests depend on besides the code: the CPU's vector kernels and the numeric
-    libraries."""
+    """What the digests depend on besides the code: the CPU, its vector kernels and the
+    numeric libraries."""
     return {
         "machine": platform.machine(),
+        "cpu": cpu_model(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,

@@ -159,3 +159,127 @@ def test_bad_inputs_are_named(world_dir, tmp_path, capsys) -> None:
         capsys.readouterr().err
     )
     assert not any((tmp_path / d).exists() for d in ("x", "z", "w"))
+
+
+def test_sft_with_lora_writes_the_adapter_alone_and_it_loads_as_a_model(world_dir, tmp_path):
+    """`lora.*` trains adapters on a pretrained model: OUT/adapter (no OUT/model) with the
+    record of its base and the protocol, which `llds eval --model` and `model.path` take as
+    they are (base + adapter, merged), computing what peft's adapted model computes."""
+    peft = pytest.importorskip("peft")
+    from llds.policy.config import ModelConfig
+    from llds.policy.lora import BASE_FILE
+    from llds.policy.setup import load_model
+
+    base = tmp_path / "base"
+    assert (
+        main(["sft", f"world={world_dir}", *TINY, "steps=2", "batch_size=4", "--out", str(base)])
+        == 0
+    )
+    out = tmp_path / "lora"
+    rc = main(
+        [
+            "sft",
+            f"world={world_dir}",
+            f"model={base / 'model'}",
+            "lora.r=4",
+            "lora.alpha=8",
+            "lr=0.01",
+            "steps=3",
+            "batch_size=4",
+            "threads=1",
+            "progress=false",
+            "--out",
+            str(out),
+        ]
+    )
+    assert rc == 0
+    adapter = out / "adapter"
+    assert not (out / "model").exists() and not (out / ".adapter.partial").exists()
+    weights = adapter / "adapter_model.safetensors"
+    full = (base / "model" / "model.safetensors").stat().st_size
+    assert weights.stat().st_size < full / 2
+    record = json.loads((adapter / BASE_FILE).read_text())
+    assert record["path"] == str(base / "model")
+    assert Protocol.read(adapter) is not None
+    merged, tok = load_model(ModelConfig(path=str(adapter), device="cpu"))
+    plain, _ = load_policy(base / "model")
+    adapted = peft.PeftModel.from_pretrained(load_policy(base / "model")[0], str(adapter))
+    ids = torch.tensor([tok.encode("Question: who?", add_special_tokens=False)])
+    with torch.no_grad():
+        got, want, before = (m(input_ids=ids).logits for m in (merged, adapted, plain))
+    assert torch.allclose(got, want, atol=1e-5)
+    assert (got - before).abs().max() > 1e-3  # three steps at lr 0.01 moved it
+    world = str(world_dir)
+    rc = main(
+        [
+            "eval",
+            "--model",
+            str(adapter),
+            "--data",
+            f"{world}/test.jsonl",
+            "--retriever",
+            f"{world}/corpus.jsonl",
+            "--out",
+            str(tmp_path / "eval.json"),
+            "limit=2",
+        ]
+    )
+    assert rc == 0 and json.loads((tmp_path / "eval.json").read_text())["overall"]["n"] == 2
+
+
+def test_sft_refuses_lora_on_a_tiny_model_in_one_line(world_dir, tmp_path, capsys):
+    rc = main(["sft", f"world={world_dir}", *TINY, "lora.r=4", "--out", str(tmp_path / "x")])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "lora" in err and "tiny=true" in err and not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_rl_trains_from_an_sft_adapter(world_dir, tmp_path, small_world, world_tokenizer, lora):
+    """`model.path` = an SFT adapter: full fine-tuning trains every merged weight, and a new
+    LoRA run trains its own adapter on the merged base (whose fingerprint it records)."""
+    pytest.importorskip("peft")
+    from conftest import write_run_inputs
+    from llds.policy.lora import BASE_FILE
+
+    base, out = tmp_path / "base", tmp_path / "lora"
+    assert (
+        main(["sft", f"world={world_dir}", *TINY, "steps=2", "batch_size=4", "--out", str(base)])
+        == 0
+    )
+    rc = main(
+        [
+            "sft",
+            f"world={world_dir}",
+            f"model={base / 'model'}",
+            "lora.r=4",
+            "steps=2",
+            "batch_size=4",
+            "threads=1",
+            "progress=false",
+            "--out",
+            str(out),
+        ]
+    )
+    assert rc == 0
+    adapter = out / "adapter"
+    sections = {"model": {"path": str(adapter)}, "steps": 2, "save_every": 2}
+    if lora:
+        sections["model"]["lora"] = {"r": 2, "alpha": 4}
+    cfg = write_run_inputs(tmp_path / "rl", small_world, world_tokenizer, **sections)
+    run = tmp_path / "run"
+    assert main(["train", "--config", str(cfg), f"run_dir={run}"]) == 0
+    step = run / "checkpoints" / "step_000002"
+    if lora:
+        record = json.loads((step / "adapter" / BASE_FILE).read_text())
+        assert record["path"] == str(adapter)
+    else:
+        from safetensors.torch import load_file
+
+        from llds.policy.config import ModelConfig
+        from llds.policy.setup import load_model
+
+        trained = load_file(str(step / "model" / "model.safetensors"))
+        start, _ = load_model(ModelConfig(path=str(adapter), device="cpu"))
+        moved = [n for n, p in start.named_parameters() if not torch.equal(trained[n], p)]
+        assert len(moved) > len(list(start.parameters())) // 2

@@ -202,16 +202,49 @@ def load_adapter_weights(model, adapter_dir: str | Path) -> None:
 
 
 def merged(model) -> Any:
-    """A plain model with `model`'s adapters folded into its weights (`W + (alpha / r) B A`);
-    `model` itself keeps its adapters."""
-    return copy.deepcopy(model).merge_and_unload()
+    """A plain model with `model`'s adapters folded into its weights (`merge_exactly`); `model`
+    itself keeps its adapters."""
+    return merge_exactly(copy.deepcopy(model))
+
+
+def merge_exactly(model) -> Any:
+    """Fold the adapters of the peft `model` into its base weights, `W + (alpha / r) B A`, and
+    return the plain model. The product is summed in float64 one rank at a time (element-wise
+    products and sums in a fixed order, no matrix kernel), then added to `W` and rounded once:
+    the same bits on every machine. A base merged from a committed adapter is then the same
+    model wherever it is rebuilt, so adapters trained on it (which record its fingerprint) load
+    there; peft's own merge goes through a matrix product whose rounding depends on the CPU's
+    kernels."""
+    import torch
+
+    with torch.no_grad():
+        for module in model.modules():
+            if not hasattr(module, "lora_A") or not hasattr(module, "base_layer"):
+                continue
+            for name in list(module.lora_A.keys()):
+                if getattr(module, "use_dora", {}).get(name, False):
+                    raise ConfigError(f"adapter {name!r} uses DoRA: not merged exactly")
+                weight = module.base_layer.weight
+                a = module.lora_A[name].weight.detach().to("cpu", torch.float64)
+                b = module.lora_B[name].weight.detach().to("cpu", torch.float64)
+                delta = torch.zeros(b.shape[0], a.shape[1], dtype=torch.float64)
+                for k in range(a.shape[0]):
+                    delta += b[:, k : k + 1] * a[k : k + 1, :]
+                if getattr(module, "fan_in_fan_out", False):
+                    delta = delta.T
+                total = weight.detach().to("cpu", torch.float64) + module.scaling[name] * delta
+                weight.copy_(total.to(weight.dtype))
+    plain = model.unload()
+    plain.requires_grad_(True)  # a plain model, as loaded from its weights (peft froze them)
+    return plain
 
 
 def load_adapted(
     adapter_dir: str | Path, *, dtype: str = "float32", device: str = "auto", checked: bool = False
 ):
     """`(model, tokenizer)` for inference from an adapter directory: its recorded base loaded in
-    float32, checked against the record, the adapter put on and merged in, then stored in
+    float32, checked against the record, the adapter put on and merged in (`merge_exactly`: the
+    same weights on any machine), then stored in
     `dtype` (`auto`: float32, the dtype the adapter was trained in). `checked`: the caller has
     checked the base (`base_model_path`) before its other work; its directory is not read
     again."""
@@ -227,7 +260,7 @@ def load_adapted(
     )
     check_base(adapter_dir, model, tokenizer)
     peft = _peft()
-    model = peft.PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
+    model = merge_exactly(peft.PeftModel.from_pretrained(model, str(adapter_dir)))
     if dtype in ("bfloat16", "float16"):
         model.to(getattr(torch, dtype))
     model.eval()

@@ -15,6 +15,7 @@ from pydantic import Field
 
 from llds.config.loader import Overrides, load
 from llds.config.schema import Invalid, check, section
+from llds.policy.config import LoRAConfig
 
 EXCLUSIVE = (("steps", "epochs"),)
 """Keys of which a later layer's one replaces the other from a lower layer (or the default)."""
@@ -48,6 +49,11 @@ class SFTConfig:
     """attention heads of the tiny model"""
     name_tokens: bool = False
     """tiny model: make every passage title (entity name) one token"""
+    lora: LoRAConfig | None = None
+    """train low-rank adapters on `model` instead of every weight: the warm start is then the
+    adapter (`OUT/adapter`, a few MB with the record of its base), which `model.path` of
+    `llds train` / `llds eval` takes as it is (base + adapter, merged the same on any
+    machine); null = full fine-tuning (`OUT/model`)"""
     device: str = "cpu"
     """cpu, cuda, cuda:1, ..."""
     threads: int | None = Field(default=None, ge=1)
@@ -121,6 +127,8 @@ class SFTConfig:
             raise Invalid("steps", "give steps or epochs")
         if self.miss_first and not self.reading:
             raise Invalid("miss_first", "is a setting of the reading expert: set reading=true")
+        if self.lora is not None and self.tiny:
+            raise Invalid("lora", "adapts a pretrained model (model=PATH); tiny=true trains all")
         if self.reading and self.world:
             raise Invalid("reading", "is for real QA (data): a world's questions carry hop chains")
 

@@ -17,6 +17,7 @@ import json
 import math
 import os
 import random
+import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -155,10 +156,25 @@ def plot_losses(losses: Sequence[float], path: Path) -> Path:
     return path
 
 
-def _save_model(model: Any, tokenizer: Any, target: Path) -> Path:
-    from llds.models.tiny import save_tiny  # an atomic save of any HF model + tokenizer
+def _save_trained(model: Any, tokenizer: Any, out: Path, base_path: str | None) -> Path:
+    """The model and tokenizer in `out/model`; a LoRA model's adapter alone (with the record of
+    its base, `base_path`) in `out/adapter`, renamed into place once complete."""
+    from llds.policy.lora import ADAPTER_DIR, is_lora, save_adapter
 
-    return save_tiny(model, tokenizer, target)
+    if not is_lora(model):
+        from llds.models.tiny import save_tiny  # an atomic save of any HF model + tokenizer
+
+        return save_tiny(model, tokenizer, out / MODEL_DIR)
+    if not base_path:
+        raise ConfigError("sft: a LoRA model's adapter needs the path of its base (base_path)")
+    target = out / ADAPTER_DIR
+    partial = out / f".{ADAPTER_DIR}.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    save_adapter(model, partial, base_path=base_path, tokenizer=tokenizer)
+    shutil.rmtree(target, ignore_errors=True)
+    partial.rename(target)
+    return target
 
 
 def _check_args(
@@ -372,13 +388,20 @@ def run_steps(
 
 
 def save_outputs(
-    out: Path, trainee: Trainee, tokenizer: Any, plan: StepPlan, result: SFTResult, save: bool
+    out: Path,
+    trainee: Trainee,
+    tokenizer: Any,
+    plan: StepPlan,
+    result: SFTResult,
+    save: bool,
+    base_path: str | None = None,
 ) -> SFTResult:
-    """`sft_loss.png`, the model and tokenizer in `out/model` (with `save`) and
-    `sft_summary.json`, each written atomically; returns `result` with their paths."""
+    """`sft_loss.png`, the model and tokenizer in `out/model` (with `save`; a LoRA model's
+    adapter in `out/adapter` instead) and `sft_summary.json`, each written atomically; returns
+    `result` with their paths."""
     result.plot_path = plot_losses(result.losses, out / PLOT_FILE)
     if save:
-        result.model_dir = _save_model(trainee.model, tokenizer, out / MODEL_DIR)
+        result.model_dir = _save_trained(trainee.model, tokenizer, out, base_path)
     summary = {
         "steps": plan.total,
         "episodes": plan.episodes,
@@ -413,6 +436,7 @@ def sft_train(
     progress: bool = True,
     save: bool = True,
     loss_on: LossOn = "actions",
+    base_path: str | None = None,
 ) -> SFTResult:
     """Train `model` in place on the action tokens of `episodes`; return the loss curve.
 
@@ -422,7 +446,9 @@ def sft_train(
     AdamW, warm-up then cosine decay, gradient clipping; a step whose gradient is not finite is
     skipped. With `out_dir`: `sft_metrics.jsonl` (step, loss, tokens, lr, grad_norm),
     `sft_loss.png`, `sft_summary.json`, and (with `save`) the model and tokenizer in
-    `out_dir/model`, written atomically.
+    `out_dir/model`, written atomically. A peft `model` (adapters attached, `attach_lora`)
+    trains its adapters alone and saves them in `out_dir/adapter` with the record of its base
+    `base_path` (the `model.path` that loads it again).
 
     `loss_on="all"` also trains on the prompt and observation tokens. Predicting passages that
     repeat the names of the question and of earlier passages is what grows copying (induction)
@@ -455,4 +481,4 @@ def sft_train(
     )
     if out is None:
         return result
-    return save_outputs(out, trainee, tokenizer, plan, result, save)  # save
+    return save_outputs(out, trainee, tokenizer, plan, result, save, base_path)  # save

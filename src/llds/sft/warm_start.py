@@ -51,8 +51,14 @@ def warm_start(cfg: SFTConfig) -> dict[str, Any]:
     episodes, stats = expert_episodes(cfg, inputs, tok)
     n_params = sum(p.numel() for p in model.parameters())
     log.info(_data_line(episodes, stats, n_params))
+    if cfg.lora is not None:
+        from llds.policy.lora import attach_lora
+
+        model = attach_lora(model, cfg.lora)
+        trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        log.info("LoRA rank %d: %.2fM adapter parameters train", cfg.lora.r, trained / 1e6)
     loop = {key: getattr(cfg, key) for key in LOOP_KEYS}
-    result = sft_train(model, tok, episodes, out_dir=cfg.out, **loop)
+    result = sft_train(model, tok, episodes, out_dir=cfg.out, base_path=cfg.model, **loop)
     report = _report(cfg, stats, n_params, episodes, result)
     _write_protocol(cfg, inputs, result.model_dir)
     log.info(

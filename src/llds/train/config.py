@@ -438,12 +438,19 @@ def check_inputs(cfg: TrainConfig, *, resume: bool = True) -> None:
         raise UserInputError(
             f"{key}: {path} does not exist (paths are relative to the working directory){how}"
         )
+    from llds.policy.lora import adapter_dir_of, base_model_path
+
+    model = cfg.model.path
+    adapter = adapter_dir_of(model) if model != "smollm2" else None
     try:
-        check_model_source("model.path", cfg.model.path)  # config, tokenizer, weights whole
+        if adapter is None:
+            check_model_source("model.path", model)  # config, tokenizer, weights whole
+        else:  # an adapter (an SFT warm start, a LoRA checkpoint): its base, whose tokenizer
+            model = base_model_path(adapter)
     except UserInputError as exc:
         raise UserInputError(f"{exc}{why}") from None
     PromptTemplate.from_spec(cfg.data.prompt_template, "data.prompt_template")
-    check_chat("model.chat", cfg.model.path, cfg.model.chat)
+    check_chat("model.chat", model, cfg.model.chat)
 
 
 def check_prompts_fit(cfg: TrainConfig, questions: int, source: str = "data.train") -> None:
