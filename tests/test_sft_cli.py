@@ -161,6 +161,14 @@ def test_bad_inputs_are_named(world_dir, tmp_path, capsys) -> None:
     assert not any((tmp_path / d).exists() for d in ("x", "z", "w"))
 
 
+def _sft_adapter(world_dir, base, out, *settings: str) -> None:
+    """A tiny full SFT into `base`, then a rank-4 LoRA SFT on it into `out` (`settings` added)."""
+    full = ["sft", f"world={world_dir}", *TINY, "steps=2", "batch_size=4", "--out", str(base)]
+    assert main(full) == 0
+    lora = [f"model={base / 'model'}", "lora.r=4", "batch_size=4", "threads=1", "progress=false"]
+    assert main(["sft", f"world={world_dir}", *lora, *settings, "--out", str(out)]) == 0
+
+
 def test_sft_with_lora_writes_the_adapter_alone_and_it_loads_as_a_model(world_dir, tmp_path):
     """`lora.*` trains adapters on a pretrained model: OUT/adapter (no OUT/model) with the
     record of its base and the protocol, which `llds eval --model` and `model.path` take as
@@ -170,29 +178,8 @@ def test_sft_with_lora_writes_the_adapter_alone_and_it_loads_as_a_model(world_di
     from llds.policy.lora import BASE_FILE
     from llds.policy.setup import load_model
 
-    base = tmp_path / "base"
-    assert (
-        main(["sft", f"world={world_dir}", *TINY, "steps=2", "batch_size=4", "--out", str(base)])
-        == 0
-    )
-    out = tmp_path / "lora"
-    rc = main(
-        [
-            "sft",
-            f"world={world_dir}",
-            f"model={base / 'model'}",
-            "lora.r=4",
-            "lora.alpha=8",
-            "lr=0.01",
-            "steps=3",
-            "batch_size=4",
-            "threads=1",
-            "progress=false",
-            "--out",
-            str(out),
-        ]
-    )
-    assert rc == 0
+    base, out = tmp_path / "base", tmp_path / "lora"
+    _sft_adapter(world_dir, base, out, "lora.alpha=8", "lr=0.01", "steps=3")
     adapter = out / "adapter"
     assert not (out / "model").exists() and not (out / ".adapter.partial").exists()
     weights = adapter / "adapter_model.safetensors"
@@ -243,25 +230,7 @@ def test_rl_trains_from_an_sft_adapter(world_dir, tmp_path, small_world, world_t
     from llds.policy.lora import BASE_FILE
 
     base, out = tmp_path / "base", tmp_path / "lora"
-    assert (
-        main(["sft", f"world={world_dir}", *TINY, "steps=2", "batch_size=4", "--out", str(base)])
-        == 0
-    )
-    rc = main(
-        [
-            "sft",
-            f"world={world_dir}",
-            f"model={base / 'model'}",
-            "lora.r=4",
-            "steps=2",
-            "batch_size=4",
-            "threads=1",
-            "progress=false",
-            "--out",
-            str(out),
-        ]
-    )
-    assert rc == 0
+    _sft_adapter(world_dir, base, out, "steps=2")
     adapter = out / "adapter"
     sections = {"model": {"path": str(adapter)}, "steps": 2, "save_every": 2}
     if lora:
