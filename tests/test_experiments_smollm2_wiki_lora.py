@@ -184,6 +184,38 @@ def test_decisions_from_the_benchmark_and_the_pilot_logs(tmp_path: Path, capsys)
         D.derive_decisions(results, PILOT)
 
 
+def _readiness(path: Path, em: float, *, model: str, split: str = "dev") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {"model": model, "split": split, "readiness": {"em": em, "questions": 68}}
+    path.write_text(json.dumps(record), encoding="utf-8")
+    return path
+
+
+def test_amendment_1_adopts_a_lora_warm_start_from_10_of_68_on_dev(tmp_path: Path) -> None:
+    """The LoRA warm start replaces the full one at greedy dev EM >= 0.191 - 0.048: 10/68
+    (0.147) is adopted, 9/68 (0.132) is not, and the pilot refuses to keep the latter's
+    readiness in one line; a full warm start needs no rule; dev only."""
+    assert abs(D.ADOPT_EM - (0.191 - (0.191 * 0.809 / 68) ** 0.5)) < 1e-3
+    lora = str(tmp_path / "w" / ADAPTER_DIR)
+    assert D.warm_start_adopted({"split": "dev", "readiness": {"em": 10 / 68}}, "x")
+    assert not D.warm_start_adopted({"split": "dev", "readiness": {"em": 9 / 68}}, "x")
+    with pytest.raises(SystemExit, match="x: measured on 'test'; the rule reads dev"):
+        D.warm_start_adopted({"split": "test", "readiness": {"em": 0.5}}, "x")
+    with pytest.raises(SystemExit, match=r"x: no readiness\.em"):
+        D.warm_start_adopted({"split": "dev"}, "x")
+    results = tmp_path / "results"
+    low = _readiness(tmp_path / "w" / "readiness.json", 9 / 68, model=lora)
+    with pytest.raises(SystemExit) as err:
+        R.readiness(results, low)
+    assert "greedy dev EM 0.132, below amendment 1's 0.143" in str(err.value)
+    assert "\n" not in str(err.value) and not (results / R.WARM_START).exists()
+    R.readiness(results, _readiness(low, 10 / 68, model=lora))
+    assert json.loads((results / R.WARM_START).read_text())["readiness"]["em"] == 10 / 68
+    full = tmp_path / "full" / "readiness.json"
+    R.readiness(tmp_path / "r2", _readiness(full, 0.05, model=str(tmp_path / "sft" / "model")))
+    assert (tmp_path / "r2" / R.WARM_START).is_file()
+
+
 def _dry_run(capsys, *args: str) -> list[dict]:
     capsys.readouterr()
     R.main([*args, "--dry-run"])

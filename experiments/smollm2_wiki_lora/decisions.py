@@ -30,6 +30,9 @@ from smollm2_wiki_lora.protocol import (
 )
 
 DECISIONS = "decisions.json"
+ADOPT_EM = 0.143
+"""Amendment 1: the greedy dev EM a LoRA warm start needs to replace the full one (its 0.191
+less one binomial standard error at n = 68)."""
 K3_FLOOR = 1e-3
 """Decision 3: the median `mismatch/k3_kl` from which the study corrects the bf16 copy."""
 TIS = ("algo.rollout_correction.mode=tis", "algo.rollout_correction.cap=2")
@@ -58,6 +61,18 @@ def _json_object(path: Path, what: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise DecisionError(f"{path}: expected {what}")
     return data
+
+
+def warm_start_adopted(measured: Mapping[str, Any], where: str) -> bool:
+    """Amendment 1's rule on a LoRA warm start's dev readiness (`warm_start.py`'s JSON): is its
+    greedy EM at least `ADOPT_EM`? A full warm start (no adapter) is the protocol's own and
+    needs no rule."""
+    em = (measured.get("readiness") or {}).get("em")
+    if not isinstance(em, int | float):
+        raise DecisionError(f"{where}: no readiness.em (write it with warm_start.py)")
+    if measured.get("split") != "dev":
+        raise DecisionError(f"{where}: measured on {measured.get('split')!r}; the rule reads dev")
+    return round(em, ROUND) >= ADOPT_EM
 
 
 def sampling_decision(bench: Mapping[str, Any], where: str) -> dict[str, Any]:

@@ -42,6 +42,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: shared modules
 from _common import Clock, say
 from llds.io import atomic_write
+from llds.policy.lora import ADAPTER_DIR
 from smollm2_wiki_lora import decisions as D
 from smollm2_wiki_lora import protocol as P
 from smollm2_wiki_lora import run as R
@@ -179,7 +180,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--results", type=Path, required=True, help="OUT: state, logs, progress")
     ap.add_argument("--stage", choices=list(P.STAGES), default=None, help="default: the next")
     ap.add_argument("--max-steps", type=int, default=None, help="steps in all, at most")
-    ap.add_argument("--model", default="runs/smollm2-wiki-rl/sft/model", help="the warm start")
+    ap.add_argument("--model", default=str(R.WARM_DIR / ADAPTER_DIR), help="the warm start")
     ap.add_argument("--data", type=Path, default=Path("data/trivia-wiki"))
     ap.add_argument("--index", default="indexes/wiki")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (4; smoke: 1)")
@@ -202,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if not Path(inp.model).exists():
             raise SystemExit(
                 f"{inp.model}: no warm start there; it must be the one the runs began from "
-                "(python experiments/smollm2_wiki/warm_start.py builds it)"
+                f"({R.WARM_START_COMMAND} builds it)"
             )
     carrier = Carrier(clock, out, work, results)
     deadline = clock.deadline(args.reserve_s)

@@ -1,7 +1,8 @@
 """The SmolLM2-wiki LoRA study (PROTOCOL.md): its decisions, its pilot and its runs, resumable
 across machines, and its tables, all from the committed logs in `results/`.
 
-    python experiments/smollm2_wiki/warm_start.py                  # the warm start, once
+    python experiments/smollm2_wiki/warm_start.py --lora-r 16 --lr 2e-4 \\
+        --sft-out experiments/smollm2_wiki_lora/warm_start      # the warm start, once
     python benchmarks/smollm2_lora_step.py --steps 3 --json bench.json
     python experiments/smollm2_wiki_lora/run.py --decide-sampling bench.json   # decision 1
     python experiments/smollm2_wiki_lora/run.py --stage pilot      # decisions 2 and 3 follow
@@ -42,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # experiments/: sh
 from _common import config_data, finished, print_dry_run, run_unfinished
 from llds.analysis.study_logs import COMMITTED_LOG, arm_dir_name
 from llds.io import atomic_write, write_json
+from llds.policy.lora import ADAPTER_DIR
 from llds.train.checkpoint import checkpoint_step, find_resumable
 from llds_strength.run import (
     MACHINES_LOG,
@@ -55,11 +57,13 @@ from llds_strength.run import (
 )
 from smollm2_wiki.gpu import SMOKE_RUN, eval_data
 from smollm2_wiki_lora.decisions import (
+    ADOPT_EM,
     DECISION_NAMES,
     decide_sampling,
     derive_decisions,
     rank_overrides,
     refuse_without_decisions,
+    warm_start_adopted,
 )
 from smollm2_wiki_lora.protocol import (
     PILOT_LRS,
@@ -77,6 +81,12 @@ from smollm2_wiki_lora.tables import write_tables
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
+WARM_DIR = HERE / "warm_start"
+"""Amendment 1: the committed LoRA warm start (`adapter/`) and its dev readiness."""
+WARM_START_COMMAND = (
+    "python experiments/smollm2_wiki/warm_start.py --lora-r 16 --lr 2e-4 "
+    "--sft-out experiments/smollm2_wiki_lora/warm_start"
+)
 WARM_START = "warm_start.json"
 INPUT_PATHS = ("model.path", "data.train", "data.eval", "retriever.source")
 """Config keys that say where the inputs are: another machine may keep them elsewhere. A
@@ -442,7 +452,17 @@ def readiness(results: Path, measured: Path) -> None:
     if not measured.is_file():
         raise SystemExit(
             f"pilot: not started: no {results / WARM_START} and no {measured} to copy; measure "
-            "the warm start first: python experiments/smollm2_wiki/warm_start.py"
+            f"the warm start first: {WARM_START_COMMAND}"
+        )
+    record = json.loads(measured.read_text(encoding="utf-8"))
+    if str(record.get("model", "")).endswith(ADAPTER_DIR) and not warm_start_adopted(
+        record, str(measured)
+    ):
+        em = record["readiness"]["em"]
+        raise SystemExit(
+            f"pilot: not started: the LoRA warm start in {measured.parent} has greedy dev EM "
+            f"{em:.3f}, below amendment 1's {ADOPT_EM}; build the second candidate (--lr 1e-4) "
+            "or give the full warm start (--model, --readiness)"
         )
     results.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(measured, results / WARM_START)
@@ -456,13 +476,13 @@ def arguments() -> argparse.ArgumentParser:
     p.add_argument("--stage", choices=list(STAGES), help="the runs to plan")
     p.add_argument("--work", type=Path, default=Path("runs/smollm2_wiki_lora"))
     p.add_argument("--results", type=Path, default=RESULTS)
-    p.add_argument("--model", default="runs/smollm2-wiki-rl/sft/model", help="the warm start")
+    p.add_argument("--model", default=str(WARM_DIR / ADAPTER_DIR), help="the warm start")
     p.add_argument("--data", type=Path, default=Path("data/trivia-wiki"))
     p.add_argument("--index", default="indexes/wiki", help="BM25 index of the summaries")
     p.add_argument(
         "--readiness",
         type=Path,
-        default=Path("runs/smollm2-wiki-rl/sft/readiness.json"),
+        default=WARM_DIR / "readiness.json",
         help="warm_start.py's measurement, kept as RESULTS/warm_start.json before the pilot",
     )
     p.add_argument("--arms", nargs="+", default=None, help="only these arms (default: all)")
@@ -532,8 +552,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 readiness(results, args.readiness)
             if not inp.smoke and not Path(inp.model).exists():
                 raise SystemExit(
-                    f"{inp.model}: no warm start there; build it with python "
-                    "experiments/smollm2_wiki/warm_start.py"
+                    f"{inp.model}: no warm start there; build it with {WARM_START_COMMAND}"
                 )
             run_stage(runs, inp, work, results, args.parallel)
         collect(work, results, started)
