@@ -9,6 +9,7 @@ import gzip
 import importlib.util
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -365,6 +366,79 @@ def test_the_lld_tables_follow_the_protocol(tmp_path):
     assert w["llds_arms_same_seed"]["lld_share_pooled"] == pytest.approx(0.5)
     assert w["runs_not_collapsed"]["lld_share_pooled"] == pytest.approx(0.5)
     assert first["50 before"]["grpo"]["policy/grad_norm"] == pytest.approx(sum(range(1, 45)) / 44)
+
+
+def test_amendment_5_stops_a_run_after_50_steps_at_a_quarter_of_its_peak(tmp_path):
+    """The stop rule by hand: reward 0.8 to step 20, then 0.2 (a quarter of the 0.8 peak, "at
+    or below" counts): it holds at step 70, the 50th low step; one step above a quarter starts
+    the count again; a peak under 0.2 never holds. A run it stopped counts as finished (and
+    collapsed), a run that reached its last step is never marked stopped."""
+    C = _load("lld_collect")
+    steps = list(range(1, 201))
+    dead = [0.8 if s <= 20 else 0.2 for s in steps]
+    assert C.dead_step(steps, dead) == 70
+    assert C.dead_step(steps[:69], dead[:69]) is None  # causal: one step short
+    broken = [0.21 if s == 60 else r for s, r in zip(steps, dead, strict=True)]
+    assert C.dead_step(steps, broken) == 110
+    assert C.dead_step(steps, [0.19 if s <= 20 else 0.0 for s in steps]) is None  # no peak
+    res = tmp_path / "setting_b"
+    _lld_log(res / "runs" / "lam0" / "seed1", fall=20, steps=72)  # 0.1 from step 20: 69
+    _lld_log(res / "runs" / "lam0" / "seed2", fall=20, steps=68)  # rule not yet held
+    _lld_log(res / "runs" / "lam0" / "seed3", fall=20, steps=80)  # ran to its last step
+    by = {r.seed: r for r in C.read_runs(tmp_path, res, steps=80)}
+    assert (by[1].finished, by[1].stopped, by[1].collapsed, by[1].collapse) == (True, 69, True, 25)
+    assert (by[2].finished, by[2].stopped) == (False, None)
+    assert (by[3].finished, by[3].stopped) == (True, None)
+    page = "\n".join(C.runs_markdown("x", list(by.values())))
+    assert "25 (stopped by amendment 5 at step 69)" in page
+    assert "- (running: logged to step 68)" not in page and "(running: logged to step 68)" in page
+
+
+def test_the_supervisor_stops_a_dead_run_with_every_process_under_it(tmp_path):
+    """Real processes: the driver stand-in logs a run whose reward fell (the rule holds at step
+    70), starts a grandchild and sleeps; the supervisor sees the rule, stops the whole process
+    group (the grandchild too), reports the dead run once and starts the driver again, which
+    now ends by itself: its exit code is returned."""
+    import os
+    import subprocess
+
+    L = _load("lld")
+    run = tmp_path / "lam0" / "seed1"
+    marker, pids = tmp_path / "started-once", tmp_path / "grandchild.pid"
+    rows = [{"step": s, "reward/mean": 0.8 if s <= 20 else 0.2} for s in range(1, 81)]
+    script = f"""
+import json, pathlib, subprocess, sys, time
+marker, run = pathlib.Path({str(marker)!r}), pathlib.Path({str(run)!r})
+if marker.exists():
+    sys.exit(3)
+marker.touch()
+run.mkdir(parents=True)
+(run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\\n" for r in {rows!r}))
+g = subprocess.Popen(["sleep", "600"])
+pathlib.Path({str(pids)!r}).write_text(str(g.pid))
+time.sleep(600)
+"""
+    dead: list[tuple[str, int]] = []
+
+    def watched():
+        return [] if dead else [("lam0", 1, run)]
+
+    code = L.supervise(
+        [sys.executable, "-c", script], watched, lambda a, s: dead.append((a, s)), poll_s=0.2
+    )
+    assert code == 3 and dead == [("lam0", 1)]
+    grandchild = int(pids.read_text())
+    for _ in range(50):  # the group was signalled; the zombie is reaped by init shortly
+        try:
+            os.kill(grandchild, 0)
+        except ProcessLookupError:
+            break
+        state = subprocess.run(["ps", "-o", "stat=", "-p", str(grandchild)], capture_output=True)
+        if state.stdout.strip().startswith(b"Z"):
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"grandchild {grandchild} still runs")
 
 
 def test_the_lld_pilot_rule_takes_the_first_setting_that_kills_every_seed(tmp_path):

@@ -5,8 +5,8 @@ spiral before each GRPO collapse and the Fisher tests of the collapses per arm.
     python experiments/collapse_corpus/lld.py --tables   # lld/pilot.md|json, lld/summary.md|json
 
 Each run's log is `lld/<folder>/runs/<arm>/seed<N>/metrics.jsonl.gz` (the LLDS-strength
-driver's layout). A run counts once its log reaches `lld.STEPS`; an unfinished one is listed
-as running and enters no figure.
+driver's layout). A run counts once its log reaches `lld.STEPS` or amendment 5's stop rule holds
+on it (`dead_step`); an unfinished one is listed as running and enters no figure.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 from llds.analysis.pooled import pooled_share
 from llds.analysis.significance import fisher_p
 from llds.analysis.study_logs import run_rows
-from llds.report.collapse import censored, collapse_step, median_window
+from llds.report.collapse import MIN_PEAK, SMOOTH, censored, collapse_step, median_window
 
 CAUSE_STEP = 1
 """No cause is injected: the mechanism is emergent, its onset the first step."""
@@ -34,6 +34,10 @@ WINDOWS = {"50 before": 50, "20 before": 20}
 MEANS = ("lld/logp_correct", "policy/grad_norm", "policy/entropy")
 """Signals averaged over a window (the pooled LLD share is pooled over responses instead)."""
 GRPO = "lam0"
+DEAD_STEPS = 50
+"""Amendment 5: a run stops after this many consecutive steps of reward at or below..."""
+DEAD_SHARE = 0.25
+"""...this share of its running peak (the collapse rule's: the highest 10-step median so far)."""
 
 
 @dataclass(frozen=True)
@@ -51,10 +55,29 @@ class LLDRun:
     abrupt: bool
     peak: float
     final: float
+    stopped: int | None = None
+    """the step at which amendment 5's stop rule held on a run it stopped (None: it did not
+    hold, or the run had reached its last step before the rule was made)"""
 
     @property
     def collapsed(self) -> bool:
         return self.finished and self.collapse is not None and not self.censored
+
+
+def dead_step(steps: Sequence[int], reward: Sequence[float]) -> int | None:
+    """Amendment 5's stop rule, read step by step as a run logs: the first step at which the
+    reward has been at or below `DEAD_SHARE` of its running peak (the highest 10-step median so
+    far, at least the collapse rule's 0.2) in each of the last `DEAD_STEPS` steps; None if it
+    never holds. It looks at no step after the one it returns."""
+    peak, low = 0.0, 0
+    for i, value in enumerate(reward):
+        smooth = median_window(reward, i, SMOOTH)
+        assert smooth is not None, "a reward series has no missing values"
+        peak = max(peak, smooth)
+        low = low + 1 if peak >= MIN_PEAK and value <= DEAD_SHARE * peak else 0
+        if low >= DEAD_STEPS:
+            return steps[i]
+    return None
 
 
 def read_run(corpus: Path, run_dir: Path, arm: str, seed: int, steps: int) -> LLDRun:
@@ -65,17 +88,19 @@ def read_run(corpus: Path, run_dir: Path, arm: str, seed: int, steps: int) -> LL
     reward = [float(r["reward/mean"]) for r in rows]
     start = collapse_step(at, reward)
     smooth = [v for i in range(len(reward)) if (v := median_window(reward, i, 10)) is not None]
+    stopped = dead_step(at, reward) if at and at[-1] < steps else None  # ran to the end: None
     return LLDRun(
         folder=run_dir.relative_to(corpus).as_posix(),
         arm=arm,
         seed=seed,
         last_step=at[-1] if at else 0,
-        finished=bool(at) and at[-1] >= steps,
+        finished=bool(at) and (at[-1] >= steps or stopped is not None),
         collapse=start,
         censored=censored(at, start),
         abrupt=start is not None and start - CAUSE_STEP < ABRUPT_BEFORE,
         peak=max(smooth, default=0.0),
         final=smooth[-1] if smooth else 0.0,
+        stopped=stopped,
     )
 
 
@@ -239,6 +264,8 @@ def runs_markdown(title: str, runs: Sequence[LLDRun]) -> list[str]:
         state = str(r.collapse) if r.collapse is not None else "-"
         if not r.finished:
             state += f" (running: logged to step {r.last_step})"
+        elif r.stopped is not None:
+            state += f" (stopped by amendment 5 at step {r.stopped})"
         lines.append(
             f"| {r.folder} | {r.arm} | {r.seed} | {r.last_step} | {state} | "
             f"{'yes' if r.censored else 'no'} | {'yes' if r.abrupt else 'no'} | "
